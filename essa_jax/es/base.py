@@ -133,8 +133,8 @@ def recombination_weights(population_size: int, num_parents: int) -> tuple[float
     Hansen 2016, arXiv 1604.00772, Eq. (49) with the positive part of Table 1 (no active CMA).
     """
     w = [math.log((population_size + 1) / 2) - math.log(i + 1) for i in range(num_parents)]
-    if num_parents < population_size and w[-1] <= 0:
-        # mu > lambda / 2 makes the tail weights non-positive; use equal-offset log weights instead.
+    if w[-1] <= 0:
+        # mu >= (lambda + 1) / 2 makes the tail weights non-positive; shift the log offset to mu.
         w = [math.log(num_parents + 0.5) - math.log(i + 1) for i in range(num_parents)]
     s = sum(w)
     return tuple(x / s for x in w)

@@ -63,8 +63,12 @@ class LoraConfig:
         object.__setattr__(self, "targets", tuple(self.targets))
         if not isinstance(self.rank, int) or isinstance(self.rank, bool) or self.rank < 1:
             raise ValueError(f"LoraConfig.rank must be a positive integer, got {self.rank!r}")
-        if not (isinstance(self.alpha, int | float) and math.isfinite(self.alpha) and self.alpha > 0):
-            raise ValueError(f"LoraConfig.alpha must be a positive finite number, got {self.alpha!r}")
+        if not (
+            isinstance(self.alpha, int | float) and math.isfinite(self.alpha) and self.alpha > 0
+        ):
+            raise ValueError(
+                f"LoraConfig.alpha must be a positive finite number, got {self.alpha!r}"
+            )
         if not self.targets:
             raise ValueError(f"LoraConfig.targets is empty; choose from {VALID_TARGETS}")
         unknown = [t for t in self.targets if t not in VALID_TARGETS]

@@ -92,8 +92,11 @@ def init_params(key: jax.Array, config: ModelConfig, dtype: Any = jnp.float32) -
         "up": dense(d, i),
         "down": dense(i, d),
     }
-    params = {"embed": normal((c.vocab_size, d)), "layers": layers,
-              "final_norm": 1.0 + normal((d,), 0.1)}
+    params = {
+        "embed": normal((c.vocab_size, d)),
+        "layers": layers,
+        "final_norm": 1.0 + normal((d,), 0.1),
+    }
     if not c.tie_embeddings:
         params["lm_head"] = {"kernel": normal((d, c.vocab_size))}
     return params
@@ -310,7 +313,12 @@ def forward(
     See `hidden_states` for the arguments; `forward = lm_head . hidden_states`.
     """
     out = hidden_states(
-        params, config, tokens, attention_mask=attention_mask, positions=positions, lora=lora,
+        params,
+        config,
+        tokens,
+        attention_mask=attention_mask,
+        positions=positions,
+        lora=lora,
         cache=cache,
     )
     if cache is None:

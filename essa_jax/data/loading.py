@@ -1,0 +1,328 @@
+"""Load task examples from local files through HF `datasets` and normalise them.
+
+Formats (`format=`):
+- "gsm8k": `question`, `answer` = "<rationale> #### N"; the reference answer is the text after the
+  last "####" with thousands commas removed; `solution` is the rationale.
+- "math": MATH / PRM800K / DeepScaleR style: `problem`, and `answer` when present, else the last
+  `\\boxed{}` of `solution`.
+- "generic": `question_field` / `answer_field` named in the config (defaults "prompt" or "question",
+  and "answer"). The question may also be a list of chat messages (`{"role", "content"}` dicts);
+  it is kept as `messages` and `question` is the last user turn.
+- "auto": "math" when there is a `problem` column, "gsm8k" when `question`/`answer` answers carry
+  "####", else "generic".
+
+Files: `.jsonl`, `.json` (list of rows, or an object with one list of rows), `.parquet`, `.csv`, or a
+folder written by `Dataset.save_to_disk` / `DatasetDict.save_to_disk` (pick `split`). Everything is
+local; set HF_DATASETS_OFFLINE=1 to be sure nothing is fetched.
+
+A normalised example is a dict with `id` (str), `question` (str), `prompt` (= question, the
+docs/INTERFACES.md name), `answer` (str, non-empty) and `solution` (str) when the source has one,
+plus any `extra_fields` copied as they are. Malformed rows (missing or empty field, a non-string
+question, a non-string non-numeric answer, no extractable answer) raise `MalformedRowError` naming
+the file and row index (`on_malformed="error"`), or are skipped and listed in the `LoadReport`
+(`on_malformed="skip"`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from essa_jax.rewards.extraction import find_boxed
+
+log = logging.getLogger(__name__)
+
+FORMATS = ("auto", "gsm8k", "math", "generic")
+ON_MALFORMED = ("error", "skip")
+_ID_FIELDS = ("id", "unique_id", "idx", "problem_id")
+
+
+class MalformedRowError(ValueError):
+    """A row of a task file cannot be turned into an example; the message names file and row."""
+
+
+@dataclasses.dataclass
+class LoadReport:
+    """What `load_examples` read: rows seen, examples kept, and (row index, reason) skipped."""
+
+    path: str
+    format: str
+    rows: int = 0
+    kept: int = 0
+    skipped: list[tuple[int, str]] = dataclasses.field(default_factory=list)
+
+    @property
+    def num_skipped(self) -> int:
+        return len(self.skipped)
+
+    def summary(self) -> str:
+        msg = f"{self.path}: {self.kept}/{self.rows} rows kept ({self.format} format)"
+        if self.skipped:
+            first = "; ".join(f"row {i}: {r}" for i, r in self.skipped[:3])
+            msg += f", {self.num_skipped} malformed rows skipped (first: {first})"
+        return msg
+
+
+# ---------------------------------------------------------------------------------------------
+# reading rows
+
+
+def _rows_from_python_json(path: Path) -> list[Any]:
+    """Plain-json reader: the fallback when Arrow cannot unify the column types of a file (one
+    malformed row with a list where strings are expected), so the row can be named."""
+    text = path.read_text()
+    if path.suffix == ".jsonl":
+        rows = []
+        for i, line in enumerate(text.splitlines()):
+            if line.strip():
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError as e:
+                    raise MalformedRowError(f"{path}: line {i + 1} is not valid JSON: {e}") from e
+        return rows
+    data = json.loads(text)
+    if isinstance(data, dict):
+        lists = [v for v in data.values() if isinstance(v, list)]
+        if len(lists) != 1:
+            raise MalformedRowError(
+                f"{path}: a JSON object file must hold exactly one list of rows; found "
+                f"{len(lists)} list-valued keys ({sorted(data)})"
+            )
+        data = lists[0]
+    if not isinstance(data, list):
+        raise MalformedRowError(f"{path}: expected a list of rows, got {type(data).__name__}")
+    return data
+
+
+def read_rows(
+    path: str | os.PathLike, *, split: str | None = None, cache_dir: str | None = None
+) -> list[Any]:
+    """Raw rows (dicts) of a local task file or `save_to_disk` folder, via HF `datasets`."""
+    import datasets
+
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"task data {path} does not exist")
+    if path.is_dir():
+        ds = datasets.load_from_disk(str(path))
+        if isinstance(ds, datasets.DatasetDict):
+            names = list(ds.keys())
+            if split is None and len(names) == 1:
+                split = names[0]
+            if split not in ds:
+                raise ValueError(
+                    f"{path} is a DatasetDict with splits {names}; pass split= one of them "
+                    f"(got {split!r})"
+                )
+            ds = ds[split]
+        return ds.to_list()
+    suffix = path.suffix.lower()
+    builders = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
+    if suffix not in builders:
+        raise ValueError(
+            f"{path}: unsupported task file type {suffix!r}; valid: {sorted(builders)} or a "
+            "folder written by Dataset.save_to_disk"
+        )
+    kwargs = {"cache_dir": cache_dir} if cache_dir else {}
+    try:
+        ds = datasets.load_dataset(
+            builders[suffix], data_files=str(path), split="train", **kwargs
+        )
+    except Exception as e:
+        if builders[suffix] != "json":
+            raise
+        log.info("datasets could not read %s (%s); reading it as plain JSON", path, e)
+        return _rows_from_python_json(path)
+    return ds.to_list()
+
+
+# ---------------------------------------------------------------------------------------------
+# normalising rows
+
+
+class _Bad(Exception):
+    """Internal: why one row is malformed."""
+
+
+def _text(row: dict, field: str, what: str) -> str:
+    if field not in row or row[field] is None:
+        raise _Bad(f"missing {what} field {field!r} (row has {sorted(row)})")
+    value = row[field]
+    if not isinstance(value, str):
+        raise _Bad(f"{what} field {field!r} is a {type(value).__name__}, expected a string")
+    if not value.strip():
+        raise _Bad(f"{what} field {field!r} is empty")
+    return value
+
+
+def _answer(row: dict, field: str) -> str:
+    value = row.get(field)
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return str(value)  # numeric answer columns are common in generic files
+    return _text(row, field, "answer").strip()
+
+
+def _messages(value: Any) -> list[dict[str, str]] | None:
+    if not isinstance(value, list) or not value:
+        return None
+    for m in value:
+        if not (
+            isinstance(m, dict)
+            and isinstance(m.get("role"), str)
+            and isinstance(m.get("content"), str)
+        ):
+            return None
+    return [{"role": m["role"], "content": m["content"]} for m in value]
+
+
+def _normalise(row: Any, fmt: str, fields: dict[str, str | None]) -> dict[str, Any]:
+    if not isinstance(row, dict):
+        raise _Bad(f"row is a {type(row).__name__}, expected an object")
+    ex: dict[str, Any] = {}
+    if fmt == "gsm8k":
+        ex["question"] = _text(row, fields["question"] or "question", "question")
+        raw = _text(row, fields["answer"] or "answer", "answer")
+        if "####" not in raw:
+            raise _Bad("GSM8K answer has no '#### N' final answer")
+        rationale, final = raw.rsplit("####", 1)
+        final = final.strip().replace(",", "")
+        if not final:
+            raise _Bad("GSM8K answer is empty after '####'")
+        ex["answer"] = final
+        ex["solution"] = rationale.strip()
+    elif fmt == "math":
+        ex["question"] = _text(row, fields["question"] or "problem", "problem")
+        answer_field = fields["answer"] or "answer"
+        sol_field = fields["solution"] or "solution"
+        solution = row.get(sol_field)
+        if row.get(answer_field) not in (None, ""):
+            ex["answer"] = _answer(row, answer_field)
+        else:
+            solution = _text(row, sol_field, "solution (no answer field either)")
+            boxed = [b.strip() for b in find_boxed(solution)]
+            if not boxed or not boxed[-1]:
+                raise _Bad(f"no {answer_field!r} field and no \\boxed{{}} answer in {sol_field!r}")
+            ex["answer"] = boxed[-1]
+        if isinstance(solution, str) and solution.strip():
+            ex["solution"] = solution
+    else:
+        qf = fields["question"] or ("prompt" if "prompt" in row else "question")
+        messages = _messages(row.get(qf))
+        if messages is not None:
+            users = [m["content"] for m in messages if m["role"] == "user"]
+            if not users or not users[-1].strip():
+                raise _Bad(f"chat messages in {qf!r} have no non-empty user turn")
+            ex["messages"] = messages
+            ex["question"] = users[-1]
+        else:
+            ex["question"] = _text(row, qf, "question")
+        ex["answer"] = _answer(row, fields["answer"] or "answer")
+        sf = fields["solution"] or "solution"
+        if isinstance(row.get(sf), str) and row[sf].strip():
+            ex["solution"] = row[sf]
+    ex["prompt"] = ex["question"]
+    return ex
+
+
+def detect_format(rows: Sequence[Any]) -> str:
+    """"math" with a `problem` column, "gsm8k" when `answer`s carry "####", else "generic"."""
+    sample = [r for r in rows[:50] if isinstance(r, dict)]
+    if any("problem" in r for r in sample):
+        return "math"
+    answers = [r.get("answer") for r in sample if "question" in r]
+    if answers and any(isinstance(a, str) and "####" in a for a in answers):
+        return "gsm8k"
+    return "generic"
+
+
+def normalise_rows(
+    rows: Iterable[Any],
+    *,
+    source: str,
+    format: str = "auto",
+    question_field: str | None = None,
+    answer_field: str | None = None,
+    solution_field: str | None = None,
+    id_field: str | None = None,
+    extra_fields: Sequence[str] = (),
+    on_malformed: str = "error",
+) -> tuple[list[dict[str, Any]], LoadReport]:
+    """Normalise raw rows (see the module docstring); `source` names them in errors and ids."""
+    if format not in FORMATS:
+        raise ValueError(f"task format {format!r} is not valid; valid: {FORMATS}")
+    if on_malformed not in ON_MALFORMED:
+        raise ValueError(f"on_malformed={on_malformed!r} is not valid; valid: {ON_MALFORMED}")
+    rows = list(rows)
+    fmt = detect_format(rows) if format == "auto" else format
+    fields = {"question": question_field, "answer": answer_field, "solution": solution_field}
+    report = LoadReport(path=source, format=fmt, rows=len(rows))
+    stem = Path(source).stem or "row"
+    examples = []
+    for i, row in enumerate(rows):
+        try:
+            ex = _normalise(row, fmt, fields)
+        except _Bad as e:
+            if on_malformed == "error":
+                raise MalformedRowError(
+                    f"{source}: row {i}: {e} ({fmt} format; pass on_malformed='skip' to skip "
+                    "malformed rows)"
+                ) from None
+            report.skipped.append((i, str(e)))
+            continue
+        id_key = id_field or next((k for k in _ID_FIELDS if k in row), None)
+        if id_field is not None and id_field not in row:
+            raise MalformedRowError(f"{source}: row {i}: missing id field {id_field!r}")
+        ex["id"] = str(row[id_key]) if id_key is not None else f"{stem}-{i}"
+        for f in extra_fields:
+            if f in row:
+                ex[f] = row[f]
+        examples.append(ex)
+    report.kept = len(examples)
+    if report.skipped:
+        log.warning(report.summary())
+    return examples, report
+
+
+def load_examples(
+    path: str | os.PathLike,
+    *,
+    format: str = "auto",
+    question_field: str | None = None,
+    answer_field: str | None = None,
+    solution_field: str | None = None,
+    id_field: str | None = None,
+    extra_fields: Sequence[str] = (),
+    on_malformed: str = "error",
+    split: str | None = None,
+    cache_dir: str | None = None,
+) -> tuple[list[dict[str, Any]], LoadReport]:
+    """Read and normalise a local task file; returns (examples, report).
+
+    Args:
+      path: `.jsonl`, `.json`, `.parquet`, `.csv` file or a `save_to_disk` folder.
+      format: "auto", "gsm8k", "math" or "generic" (module docstring).
+      question_field / answer_field / solution_field / id_field: column names overriding the
+        format's defaults (the generic mapping of the config).
+      extra_fields: columns copied into each example unchanged (e.g. "level", "subject").
+      on_malformed: "error" raises `MalformedRowError` naming file and row; "skip" drops the row
+        and records (row index, reason) in `report.skipped`.
+      split: the split of a saved DatasetDict.
+      cache_dir: HF datasets cache for the converted Arrow files (default: HF's).
+    """
+    rows = read_rows(path, split=split, cache_dir=cache_dir)
+    return normalise_rows(
+        rows,
+        source=str(path),
+        format=format,
+        question_field=question_field,
+        answer_field=answer_field,
+        solution_field=solution_field,
+        id_field=id_field,
+        extra_fields=extra_fields,
+        on_malformed=on_malformed,
+    )

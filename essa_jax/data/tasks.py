@@ -1,0 +1,150 @@
+"""Build a task (train / eval examples, prompt format, reward name) from a config.
+
+    task = load_task({"name": "add_2d", "num_train": 2000, "num_eval": 100, "seed": 0})
+    task = load_task({"train_path": "gsm8k_train.jsonl", "eval_path": "gsm8k_test.jsonl"})
+    task = load_task({"train_path": "math.parquet", "eval_fraction": 0.05, "seed": 1})
+
+The config is a dict or an ml_collections ConfigDict with the fields of `TASK_FIELDS`; unknown
+fields are an error naming the valid ones.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+from .batching import split_train_eval
+from .generated import is_generated_task
+from .generated import generate_task as _generate
+from .loading import LoadReport, load_examples
+from .prompts import PROMPT_FORMATS
+
+# field -> (default, meaning)
+TASK_FIELDS: dict[str, tuple[Any, str]] = {
+    "name": (None, "generated task name (add_2d, sub_2d, mul_1d, arith_mixed, word_problems, ...)"),
+    "num_train": (2000, "generated: training problems"),
+    "num_eval": (100, "generated: held-out problems"),
+    "seed": (0, "generator seed / held-out split seed"),
+    "level": (None, "generated: difficulty level of arith_mixed / word_problems"),
+    "allow_negative": (False, "generated: allow negative results in sub_<n>d"),
+    "train_path": (None, "local task file or save_to_disk folder (training set)"),
+    "eval_path": (None, "local file of the held-out set; else eval_fraction of train_path"),
+    "eval_fraction": (0.0, "held-out fraction of train_path when eval_path is not given"),
+    "format": ("auto", "file format: auto, gsm8k, math, generic"),
+    "question_field": (None, "generic mapping: question column"),
+    "answer_field": (None, "generic mapping: answer column"),
+    "solution_field": (None, "generic mapping: solution column"),
+    "id_field": (None, "generic mapping: id column"),
+    "extra_fields": ((), "columns copied into every example"),
+    "on_malformed": ("error", "malformed rows: error or skip"),
+    "split": (None, "split of a saved DatasetDict for train_path"),
+    "eval_split": (None, "split of a saved DatasetDict for eval_path"),
+    "max_train": (None, "keep the first max_train training examples"),
+    "max_eval": (None, "keep the first max_eval held-out examples"),
+    "prompt_format": (None, "chat, prefill, plain, few_shot (default: prefill for arithmetic)"),
+    "system_prompt": (None, "explicit system message (None: the chat template's default)"),
+    "instruction": ("", "text appended to every question"),
+    "reward": (None, "reward name: arith (first number), math, format (default by format)"),
+}
+
+
+@dataclasses.dataclass
+class Task:
+    """A ready task: examples, and how to prompt and score them."""
+
+    name: str
+    train: list[dict[str, Any]]
+    eval: list[dict[str, Any]]
+    prompt_format: str
+    reward: str
+    system_prompt: str | None = None
+    instruction: str = ""
+    reports: list[LoadReport] = dataclasses.field(default_factory=list)
+
+    def prompt_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments for `build_prompt` / `prompt_token_ids`."""
+        return {
+            "format": self.prompt_format,
+            "system_prompt": self.system_prompt,
+            "instruction": self.instruction,
+        }
+
+
+def _as_dict(config: Any) -> dict[str, Any]:
+    if hasattr(config, "to_dict"):
+        return dict(config.to_dict())
+    if isinstance(config, Mapping):
+        return dict(config)
+    raise TypeError(f"task config must be a dict or ConfigDict, got {type(config).__name__}")
+
+
+def load_task(config: Any) -> Task:
+    """A `Task` from a config (module docstring; fields and defaults in `TASK_FIELDS`)."""
+    raw = _as_dict(config)
+    unknown = sorted(set(raw) - set(TASK_FIELDS))
+    if unknown:
+        raise ValueError(f"unknown task config fields {unknown}; valid: {sorted(TASK_FIELDS)}")
+    cfg = {k: raw.get(k, default) for k, (default, _) in TASK_FIELDS.items()}
+    reports: list[LoadReport] = []
+    if cfg["name"] is not None and cfg["train_path"] is not None:
+        raise ValueError("task config: give either name (generated task) or train_path, not both")
+    if cfg["name"] is not None:
+        if not is_generated_task(cfg["name"]):
+            raise ValueError(f"task name {cfg['name']!r} is not a generated task")
+        train, evals = _generate(
+            cfg["name"],
+            num_train=cfg["num_train"],
+            num_eval=cfg["num_eval"],
+            seed=cfg["seed"],
+            level=cfg["level"],
+            allow_negative=cfg["allow_negative"],
+        )
+        name = cfg["name"]
+        default_format = "prefill" if "prefill" in (train or evals or [{}])[0] else "chat"
+    elif cfg["train_path"] is not None:
+        load_kw = {
+            k: cfg[k]
+            for k in (
+                "format",
+                "question_field",
+                "answer_field",
+                "solution_field",
+                "id_field",
+                "on_malformed",
+            )
+        }
+        load_kw["extra_fields"] = tuple(cfg["extra_fields"])
+        train, rep = load_examples(cfg["train_path"], split=cfg["split"], **load_kw)
+        reports.append(rep)
+        if cfg["eval_path"] is not None:
+            evals, rep = load_examples(cfg["eval_path"], split=cfg["eval_split"], **load_kw)
+            reports.append(rep)
+        else:
+            train, evals = split_train_eval(train, cfg["eval_fraction"], cfg["seed"])
+        name = str(cfg["train_path"])
+        default_format = "chat"
+    else:
+        raise ValueError("task config needs name (a generated task) or train_path (a local file)")
+    if cfg["max_train"] is not None:
+        train = train[: cfg["max_train"]]
+    if cfg["max_eval"] is not None:
+        evals = evals[: cfg["max_eval"]]
+    fmt = cfg["prompt_format"] or default_format
+    if fmt not in PROMPT_FORMATS:
+        raise ValueError(f"prompt_format {fmt!r} is not valid; valid: {PROMPT_FORMATS}")
+    reward = cfg["reward"] or ("arith" if fmt == "prefill" else "math")
+    from essa_jax.rewards import REWARDS
+
+    if reward not in REWARDS:
+        raise ValueError(f"task reward {reward!r} is not valid; valid: {sorted(REWARDS)}")
+    return Task(
+        name=name,
+        train=train,
+        eval=evals,
+        prompt_format=fmt,
+        reward=reward,
+        system_prompt=cfg["system_prompt"],
+        instruction=cfg["instruction"],
+        reports=reports,
+    )

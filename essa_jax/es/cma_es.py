@@ -1,0 +1,246 @@
+"""CMA-ES: Covariance Matrix Adaptation Evolution Strategy (Hansen & Ostermeier 2001).
+
+Equations and default hyper-parameters follow N. Hansen, "The CMA Evolution Strategy: A Tutorial",
+arXiv 1604.00772 (2016); "Eq. (n)" below refers to that text. Choices where the tutorial offers
+several:
+
+- Positive recombination weights only (Eq. 49, mu = floor(lambda / 2)): no active CMA, i.e. the
+  same algorithm as pycma with ``CMA_active=False``.
+- The eigendecomposition C = B diag(D^2) B^T is refreshed lazily, every ``eigen_interval``
+  generations (tutorial, Sec. B.2: roughly every 1 / ((c_1 + c_mu) n 10) generations), after
+  symmetrising C; eigenvalues are floored at ``max_eigenvalue * eps(dtype)`` so that B, D stay finite.
+  It happens inside ``tell`` under a ``lax.cond`` on the generation counter, so ``ask`` only reads
+  the state. Under ``vmap`` the cond becomes a select and every generation pays for ``eigh``.
+- Fitness is MAXIMISED: candidates are ranked best = largest fitness. Non-finite fitness ranks last;
+  a generation with no finite fitness leaves the distribution (mean, sigma, paths, C, B, D)
+  untouched and only advances the counter and the metrics.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from essa_jax.es import base
+
+
+@struct.dataclass
+class CMAESState:
+    """Everything needed to resume a CMA-ES run. Shapes: D = num_dims.
+
+    mean [D], sigma [] (step size), p_sigma [D] and p_c [D] (evolution paths), C [D, D] (covariance),
+    B [D, D] and D [D] (eigenvectors and square-rooted eigenvalues of C at the last refresh, the
+    tutorial's B and D), generation [] (completed tells), best_member [D] / best_fitness [] (best
+    seen so far, -inf before any finite fitness), generation_best_fitness [] (this generation's),
+    num_nonfinite [] (non-finite fitness values in the last generation), update_norm [] (||m' - m||).
+    """
+
+    mean: jax.Array
+    sigma: jax.Array
+    p_sigma: jax.Array
+    p_c: jax.Array
+    C: jax.Array
+    B: jax.Array
+    D: jax.Array
+    generation: jax.Array
+    best_member: jax.Array
+    best_fitness: jax.Array
+    generation_best_fitness: jax.Array
+    num_nonfinite: jax.Array
+    update_norm: jax.Array
+
+
+@dataclasses.dataclass(frozen=True)
+class CMAES:
+    """Full-covariance CMA-ES; fitness is MAXIMISED. Hyper-parameters left as None get Hansen's
+    defaults (arXiv 1604.00772, Table 1), resolved at construction (``repr`` shows them all).
+
+    Args:
+      num_dims: genome length n.
+      population_size: lambda; default 4 + floor(3 ln n).
+      sigma_init: initial step size sigma_0 (about 1/4 to 1/2 of the search-range width).
+      num_parents: mu; default floor(lambda / 2).
+      c_sigma, d_sigma: step-size cumulation rate and damping (Eq. 55).
+      c_c: cumulation rate of the rank-one path (Eq. 56).
+      c_1, c_mu: learning rates of the rank-one and rank-mu updates (Eqs. 57, 58).
+      c_m: learning rate of the mean (Eq. 54, default 1).
+      eigen_interval: generations between eigendecompositions of C (tutorial, Sec. B.2).
+      sigma_min, sigma_max: clip of the step size, keeping the state finite.
+    """
+
+    num_dims: int
+    population_size: int | None = None
+    sigma_init: float = 1.0
+    num_parents: int | None = None
+    c_sigma: float | None = None
+    d_sigma: float | None = None
+    c_c: float | None = None
+    c_1: float | None = None
+    c_mu: float | None = None
+    c_m: float = 1.0
+    eigen_interval: int | None = None
+    sigma_min: float = 0.0
+    sigma_max: float = 1e8
+    # derived in __post_init__: recombination weights (Eq. 49), mu_eff (Eq. 8), E||N(0, I)||
+    weights: tuple[float, ...] = dataclasses.field(init=False, repr=False, default=())
+    mu_eff: float = dataclasses.field(init=False, repr=False, default=0.0)
+    chi_n: float = dataclasses.field(init=False, repr=False, default=0.0)
+
+    def __post_init__(self) -> None:
+        n = base.check_int("num_dims", self.num_dims, 1)
+        lam = self.population_size
+        lam = base.default_population_size(n) if lam is None else lam
+        lam = base.check_int("population_size", lam, 2)
+        mu = lam // 2 if self.num_parents is None else self.num_parents
+        mu = base.check_int("num_parents", mu, 1)
+        if mu > lam:
+            raise ValueError(f"num_parents must be <= population_size ({lam}), got {mu}")
+        base.check_positive("sigma_init", self.sigma_init)
+        w = base.recombination_weights(lam, mu)  # Eq. (49)
+        mu_eff = 1.0 / sum(x * x for x in w)  # Eq. (8), sum(w) = 1
+        c_sigma = (mu_eff + 2) / (n + mu_eff + 5) if self.c_sigma is None else self.c_sigma  # (55)
+        d_sigma = self.d_sigma
+        if d_sigma is None:  # Eq. (55)
+            d_sigma = 1 + 2 * max(0.0, math.sqrt((mu_eff - 1) / (n + 1)) - 1) + c_sigma
+        c_c = (4 + mu_eff / n) / (n + 4 + 2 * mu_eff / n) if self.c_c is None else self.c_c  # (56)
+        c_1, c_mu = self._covariance_rates(n, mu_eff)
+        c_1 = c_1 if self.c_1 is None else self.c_1
+        c_mu = min(1 - c_1, c_mu) if self.c_mu is None else self.c_mu
+        interval = self.eigen_interval
+        if interval is None:  # tutorial, Sec. B.2: lazy update of B and D
+            interval = int(1.0 / ((c_1 + c_mu) * n * 10)) + 1 if c_1 + c_mu > 0 else 1
+        resolved = dict(
+            population_size=lam, num_parents=mu, c_sigma=c_sigma, d_sigma=d_sigma, c_c=c_c,
+            c_1=c_1, c_mu=c_mu, eigen_interval=interval, weights=w, mu_eff=mu_eff,
+            chi_n=base.expected_norm(n),
+        )  # fmt: skip
+        for k, v in resolved.items():
+            object.__setattr__(self, k, v)
+        base.check_rate("c_sigma", c_sigma, upper_inclusive=False)
+        base.check_positive("d_sigma", d_sigma)
+        base.check_rate("c_c", c_c)
+        base.check_rate("c_1", c_1)
+        base.check_rate("c_mu", c_mu)
+        if c_1 + c_mu > 1:
+            raise ValueError(f"c_1 + c_mu must be <= 1, got {c_1} + {c_mu}")
+        base.check_positive("c_m", self.c_m)
+        base.check_int("eigen_interval", interval, 1)
+        base.check_positive("sigma_min", self.sigma_min, allow_zero=True)
+        base.check_positive("sigma_max", self.sigma_max)
+
+    @staticmethod
+    def _covariance_rates(n: int, mu_eff: float) -> tuple[float, float]:
+        """c_1 = 2 / ((n + 1.3)^2 + mu_eff) (Eq. 57); c_mu (Eq. 58) before the 1 - c_1 cap."""
+        c_1 = 2.0 / ((n + 1.3) ** 2 + mu_eff)
+        c_mu = 2.0 * (mu_eff - 2 + 1 / mu_eff) / ((n + 2) ** 2 + mu_eff)
+        return c_1, c_mu
+
+    # -- public API ------------------------------------------------------------------------------
+
+    @partial(jax.jit, static_argnums=0)
+    def init(self, key: jax.Array, mean: jax.Array) -> CMAESState:
+        """Initial state around `mean` [D] (C = I, sigma = sigma_init). `key` is unused (kept for
+        the common contract)."""
+        del key
+        mean = base.check_mean(mean, self.num_dims)
+        n, dt = self.num_dims, mean.dtype
+        return CMAESState(
+            mean=mean,
+            sigma=jnp.asarray(self.sigma_init, dt),
+            p_sigma=jnp.zeros(n, dt),
+            p_c=jnp.zeros(n, dt),
+            C=jnp.eye(n, dtype=dt),
+            B=jnp.eye(n, dtype=dt),
+            D=jnp.ones(n, dt),
+            generation=jnp.zeros((), jnp.int32),
+            best_member=mean,
+            best_fitness=jnp.asarray(-jnp.inf, dt),
+            generation_best_fitness=jnp.asarray(-jnp.inf, dt),
+            num_nonfinite=jnp.zeros((), jnp.int32),
+            update_norm=jnp.zeros((), dt),
+        )
+
+    @partial(jax.jit, static_argnums=0)
+    def ask(self, key: jax.Array, state: CMAESState) -> jax.Array:
+        """Sample lambda candidates x_k = m + sigma B D z_k, z_k ~ N(0, I) (Eqs. 38-40). -> [P, D].
+
+        A pure function of (key, state): the state is not advanced."""
+        z = jax.random.normal(key, (self.population_size, self.num_dims), state.mean.dtype)
+        return state.mean + state.sigma * ((z * state.D) @ state.B.T)
+
+    @partial(jax.jit, static_argnums=0)
+    def tell(self, state: CMAESState, population: jax.Array, fitness: jax.Array) -> CMAESState:
+        """Update the search distribution from `population` [P, D] and `fitness` [P] (MAXIMISED)."""
+        base.check_tell_shapes(population, fitness, self.population_size, self.num_dims)
+        order, num_bad = base.sort_best_first(fitness)
+        best_member, best_fitness, gen_best = base.update_best(
+            state.best_member, state.best_fitness, population, fitness
+        )
+        parents = population[order[: self.num_parents]].astype(state.mean.dtype)
+        skip = num_bad == self.population_size  # nothing finite to learn from
+        new = jax.lax.cond(skip, lambda s, _: s, self._update, state, parents)
+        gen = state.generation + 1
+        refresh = (gen % self.eigen_interval == 0) & ~skip
+        new = jax.lax.cond(refresh, _eigen_refresh, lambda s: s, new)
+        return new.replace(
+            generation=gen,
+            best_member=best_member,
+            best_fitness=best_fitness,
+            generation_best_fitness=gen_best,
+            num_nonfinite=num_bad,
+        )
+
+    def metrics(self, state: CMAESState) -> dict[str, jax.Array]:
+        """Scalars worth logging: step size, axis ratio of C, counts and best fitness."""
+        return {
+            "sigma": state.sigma,
+            "axis_ratio": jnp.max(state.D) / jnp.min(state.D),
+            "generation": state.generation,
+            "best_fitness": state.best_fitness,
+            "generation_best_fitness": state.generation_best_fitness,
+            "num_nonfinite": state.num_nonfinite,
+            "update_norm": state.update_norm,
+        }
+
+    # -- the update (Eqs. 41-47) --------------------------------------------------------------
+
+    def _update(self, s: CMAESState, parents: jax.Array) -> CMAESState:
+        """One generation's distribution update from the mu best candidates [mu, D], best first."""
+        n, w = self.num_dims, jnp.asarray(self.weights, s.mean.dtype)
+        cs, cc, c1, cmu, mu_eff = self.c_sigma, self.c_c, self.c_1, self.c_mu, self.mu_eff
+        y = (parents - s.mean) / s.sigma  # y_{i:lambda} ~ N(0, C)
+        y_w = w @ y  # Eq. (41)
+        mean = s.mean + self.c_m * s.sigma * y_w  # Eq. (42)
+        c_inv_sqrt_y_w = s.B @ ((s.B.T @ y_w) / s.D)  # C^{-1/2} y_w, with the B, D used to sample
+        p_sigma = (1 - cs) * s.p_sigma + math.sqrt(cs * (2 - cs) * mu_eff) * c_inv_sqrt_y_w  # (43)
+        norm_ps = jnp.linalg.norm(p_sigma)
+        sigma = s.sigma * jnp.exp((cs / self.d_sigma) * (norm_ps / self.chi_n - 1))  # Eq. (44)
+        g = (s.generation + 1).astype(s.mean.dtype)  # generations including this one
+        h_sigma = norm_ps / jnp.sqrt(1 - (1 - cs) ** (2 * g)) < (1.4 + 2 / (n + 1)) * self.chi_n
+        h = h_sigma.astype(s.mean.dtype)
+        p_c = (1 - cc) * s.p_c + h * math.sqrt(cc * (2 - cc) * mu_eff) * y_w  # Eq. (45)
+        delta_h = (1 - h) * cc * (2 - cc)  # p. 29, used in Eq. (47)
+        rank_mu = (y * w[:, None]).T @ y  # sum_i w_i y_i y_i^T
+        C = (1 + c1 * delta_h - c1 - cmu) * s.C + c1 * jnp.outer(p_c, p_c) + cmu * rank_mu  # (47)
+        return s.replace(
+            mean=mean,
+            sigma=jnp.clip(sigma, self.sigma_min, self.sigma_max),
+            p_sigma=p_sigma,
+            p_c=p_c,
+            C=C,
+            update_norm=jnp.linalg.norm(mean - s.mean),
+        )
+
+
+def _eigen_refresh(s: CMAESState) -> CMAESState:
+    """C = B diag(D^2) B^T after symmetrising C; eigenvalues floored at max * eps(dtype)."""
+    C = 0.5 * (s.C + s.C.T)
+    eigvals, B = jnp.linalg.eigh(C)
+    floor = jnp.max(eigvals) * jnp.finfo(C.dtype).eps
+    D = jnp.sqrt(jnp.maximum(eigvals, floor))
+    return s.replace(C=C, B=B, D=D)

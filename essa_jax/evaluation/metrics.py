@@ -1,0 +1,78 @@
+"""Sampling metrics: unbiased pass@k, avg@k, and confidence intervals for accuracies."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+Z95 = 1.959963984540054  # two-sided 95% normal quantile
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k from n samples of which c are correct: 1 - C(n-c, k) / C(n, k).
+
+    Chen et al. 2021 (Codex, arXiv 2107.03374, Eq. 1); F-GRPO (arXiv 2602.06717) reports it up
+    to k = 256. Computed as 1 - prod_{i=n-c+1}^{n} (1 - k / i), which never forms the (huge)
+    binomial coefficients.
+    """
+    if not 0 <= c <= n or n < 1:
+        raise ValueError(f"pass_at_k needs 0 <= c <= n and n >= 1, got n={n}, c={c}")
+    if not 1 <= k <= n:
+        raise ValueError(f"pass_at_k needs 1 <= k <= n={n}, got k={k}")
+    if n - c < k:
+        return 1.0
+    return float(1.0 - np.prod(1.0 - k / np.arange(n - c + 1, n + 1, dtype=np.float64)))
+
+
+def mean_pass_at_k(num_correct: Sequence[int], n: int, k: int) -> float:
+    """pass@k averaged over problems, each with n samples and num_correct[i] correct."""
+    if len(num_correct) == 0:
+        raise ValueError("mean_pass_at_k needs at least one problem")
+    return float(np.mean([pass_at_k(n, int(c), k) for c in num_correct]))
+
+
+def avg_at_k(num_correct: Sequence[int], k: int) -> float:
+    """avg@k: mean over problems of the fraction of k samples that are correct (= pass@1 from k
+    samples)."""
+    if k < 1 or len(num_correct) == 0:
+        raise ValueError(f"avg_at_k needs k >= 1 and at least one problem (k={k})")
+    c = np.asarray(num_correct, dtype=np.float64)
+    if np.any(c < 0) or np.any(c > k):
+        raise ValueError(f"avg_at_k: every count must be in [0, {k}], got {num_correct}")
+    return float(np.mean(c / k))
+
+
+def ks_up_to(n: int) -> list[int]:
+    """k values reported for n samples: powers of two up to n, and n itself."""
+    ks = [2**i for i in range(int(math.log2(n)) + 1)] if n >= 1 else []
+    if ks and ks[-1] != n:
+        ks.append(n)
+    return ks
+
+
+def wilson_interval(successes: int, n: int, z: float = Z95) -> tuple[float, float]:
+    """Wilson score interval for a binomial proportion (Wilson 1927); 95% by default.
+
+    Better than the normal interval near 0 and 1 and for small n (it never leaves [0, 1]).
+    """
+    if n <= 0 or not 0 <= successes <= n:
+        raise ValueError(f"wilson_interval needs 0 <= successes <= n and n > 0, got {successes}/{n}")
+    p = successes / n
+    z2 = z * z
+    denom = 1.0 + z2 / n
+    centre = (p + z2 / (2 * n)) / denom
+    half = z * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n)) / denom
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def mean_interval(values: Sequence[float], z: float = Z95) -> tuple[float, float]:
+    """Normal-approximation interval of a mean over problems (e.g. avg@k): mean +- z * s / sqrt(P)."""
+    v = np.asarray(values, dtype=np.float64)
+    if v.size == 0:
+        raise ValueError("mean_interval needs at least one value")
+    if v.size == 1:
+        return float(v[0]), float(v[0])
+    half = z * float(np.std(v, ddof=1)) / math.sqrt(v.size)
+    return float(v.mean() - half), float(v.mean() + half)

@@ -1,0 +1,205 @@
+"""Batched KV-cache generation: one prefill, then a `lax.while_loop` of single-token decode steps.
+
+The loop stops as soon as every row has emitted an EOS token (or after `max_new_tokens`). Rows are
+left-padded prompts of different lengths. `generate` is a pure function, usable inside jit, vmap
+and shard_map; `generate_jit` is the jitted convenience wrapper (sampling settings static).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from essa_jax.models.config import ModelConfig
+from essa_jax.models.transformer import Params, hidden_states, init_cache, lm_head
+
+
+@flax.struct.dataclass
+class Generation:
+    """Output of `generate` (N = max_new_tokens).
+
+    tokens [B, N] int32: generated tokens, pad after a row's EOS; lengths [B] int32: tokens
+    generated per row including the EOS; logprobs [B, N] float32: log-prob of each sampled token
+    under the temperature-scaled distribution log_softmax(logits / T) (before top-k / top-p
+    truncation; 0 where mask is 0); mask [B, N] int32: 1 for generated tokens (EOS included);
+    finished [B] bool: the row emitted an EOS (False = truncated at max_new_tokens).
+    """
+
+    tokens: jax.Array
+    lengths: jax.Array
+    logprobs: jax.Array
+    mask: jax.Array
+    finished: jax.Array
+
+
+def pad_left(
+    token_lists: Sequence[Sequence[int]], pad_id: int, length: int | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """Left-pad token lists into (tokens [B, length] int32, mask [B, length] int32).
+
+    `length` defaults to the longest list; a list longer than `length` is an error (truncating a
+    prompt silently would change the task).
+    """
+    longest = max((len(t) for t in token_lists), default=0)
+    length = longest if length is None else length
+    if longest > length:
+        raise ValueError(f"a prompt has {longest} tokens, longer than length={length}")
+    tokens = np.full((len(token_lists), length), pad_id, np.int32)
+    mask = np.zeros((len(token_lists), length), np.int32)
+    for i, t in enumerate(token_lists):
+        if len(t):
+            tokens[i, length - len(t) :] = np.asarray(t, np.int32)
+            mask[i, length - len(t) :] = 1
+    return tokens, mask
+
+
+def _filter_logits(logits: jax.Array, top_k: int, top_p: float) -> jax.Array:
+    """Top-k (Fan et al. 2018) then nucleus / top-p (Holtzman et al. 2020) filtering of [B, V]."""
+    if top_k and top_k > 0:
+        kth = jax.lax.top_k(logits, top_k)[0][:, -1:]
+        logits = jnp.where(logits < kth, -jnp.inf, logits)
+    if not (isinstance(top_p, int | float) and top_p >= 1.0):
+        sorted_logits = jnp.sort(logits, axis=-1)[:, ::-1]
+        probs = jax.nn.softmax(sorted_logits, axis=-1)
+        # Keep the smallest prefix whose mass reaches top_p: a token is kept if the mass strictly
+        # before it is < top_p (so the most likely token is always kept).
+        mass_before = jnp.cumsum(probs, axis=-1) - probs
+        keep = mass_before < top_p
+        cutoff = jnp.min(jnp.where(keep, sorted_logits, jnp.inf), axis=-1, keepdims=True)
+        logits = jnp.where(logits < cutoff, -jnp.inf, logits)
+    return logits
+
+
+def _sample(
+    key: jax.Array,
+    logits: jax.Array,
+    *,
+    temperature: float,
+    top_k: int,
+    top_p: float,
+    greedy: bool,
+) -> tuple[jax.Array, jax.Array]:
+    """Pick a token per row from logits [B, V]; return (tokens [B], logprobs [B])."""
+    scaled = logits / temperature
+    logp = jax.nn.log_softmax(scaled, axis=-1)
+    if greedy:
+        tok = jnp.argmax(logits, axis=-1)
+    else:
+        tok = jax.random.categorical(key, _filter_logits(scaled, top_k, top_p), axis=-1)
+    tok = tok.astype(jnp.int32)
+    return tok, jnp.take_along_axis(logp, tok[:, None], axis=-1)[:, 0]
+
+
+def generate(
+    params: Params,
+    config: ModelConfig,
+    prompt_tokens: jax.Array,
+    prompt_mask: jax.Array,
+    key: jax.Array,
+    *,
+    max_new_tokens: int,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    greedy: bool = False,
+    lora: Mapping[str, Any] | None = None,
+    eos_token_ids: Sequence[int] | None = None,
+    pad_token_id: int | None = None,
+    cache_dtype: Any = None,
+) -> Generation:
+    """Generate up to `max_new_tokens` tokens for a left-padded batch of prompts.
+
+    prompt_tokens, prompt_mask: [B, T] (1 = real token; every row's last slot must be real).
+    key: PRNG key (step i uses fold_in(key, i)). greedy=True takes argmax (key unused).
+    temperature, top_k (0 = off), top_p (1.0 = off) must be Python numbers for top_k / top_p.
+    eos_token_ids default to config.eos_token_ids; tokens after a row's EOS are `pad_token_id`
+    (default config.effective_pad_id) with mask 0. Logprobs are under log_softmax(logits / T):
+    the behaviour policy at the sampling temperature, which is what importance ratios in GRPO-style
+    losses need (see `Generation`).
+    Returns `Generation` with arrays of width N = max_new_tokens.
+    """
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    if not greedy and isinstance(temperature, int | float) and temperature <= 0:
+        raise ValueError(f"temperature must be > 0 when sampling, got {temperature}; use greedy")
+    eos = tuple(config.eos_token_ids if eos_token_ids is None else eos_token_ids)
+    pad = config.effective_pad_id if pad_token_id is None else pad_token_id
+    B, T = prompt_tokens.shape
+    N = max_new_tokens
+    dtype = cache_dtype or params["embed"].dtype
+    # The last generated token is never fed back, so N - 1 decode slots suffice.
+    cache = init_cache(config, B, T + N - 1, dtype)
+    sample = functools.partial(
+        _sample, temperature=temperature, top_k=top_k, top_p=top_p, greedy=greedy
+    )
+    eos_arr = jnp.asarray(eos if eos else (-1,), jnp.int32)
+
+    h, cache = hidden_states(
+        params, config, prompt_tokens, attention_mask=prompt_mask, lora=lora, cache=cache
+    )
+    logits = lm_head(params, config, h[:, -1])
+
+    def emit(i, tok, lp, state):
+        tokens, logprobs, mask, finished = state
+        alive = ~finished
+        tok = jnp.where(alive, tok, pad)
+        tokens = tokens.at[:, i].set(tok)
+        logprobs = logprobs.at[:, i].set(jnp.where(alive, lp, 0.0))
+        mask = mask.at[:, i].set(alive.astype(jnp.int32))
+        finished = finished | (alive & jnp.isin(tok, eos_arr))
+        return tok, (tokens, logprobs, mask, finished)
+
+    state = (
+        jnp.full((B, N), pad, jnp.int32),
+        jnp.zeros((B, N), jnp.float32),
+        jnp.zeros((B, N), jnp.int32),
+        jnp.zeros((B,), bool),
+    )
+    tok, lp = sample(jax.random.fold_in(key, 0), logits)
+    tok, state = emit(0, tok, lp, state)
+
+    def cond(carry):
+        i, _, _, state = carry
+        return (i < N) & ~jnp.all(state[3])
+
+    def body(carry):
+        i, tok, cache, state = carry
+        h, cache = hidden_states(params, config, tok[:, None], lora=lora, cache=cache)
+        tok, lp = sample(jax.random.fold_in(key, i), lm_head(params, config, h[:, 0]))
+        tok, state = emit(i, tok, lp, state)
+        return i + 1, tok, cache, state
+
+    _, _, _, state = jax.lax.while_loop(cond, body, (jnp.asarray(1, jnp.int32), tok, cache, state))
+    tokens, logprobs, mask, finished = state
+    return Generation(
+        tokens=tokens,
+        lengths=mask.sum(axis=1, dtype=jnp.int32),
+        logprobs=logprobs,
+        mask=mask,
+        finished=finished,
+    )
+
+
+generate_jit = jax.jit(
+    generate,
+    static_argnames=(
+        "config",
+        "max_new_tokens",
+        "temperature",
+        "top_k",
+        "top_p",
+        "greedy",
+        "eos_token_ids",
+        "pad_token_id",
+        "cache_dtype",
+    ),
+)
+generate_jit.__doc__ = "`generate` under jax.jit (config and sampling settings static).\n\n" + (
+    generate.__doc__ or ""
+)

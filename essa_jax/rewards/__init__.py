@@ -1,0 +1,52 @@
+"""Rewards for verifiable tasks: answer extraction, equivalence, reward functions (maximised).
+
+    extract_answer(text, mode="auto") -> str | None     final answer as written
+    answers_match(predicted, reference) -> bool          numeric fast path, then math-verify
+    math_reward(prompts, completions, answer=[...])      1.0 / 0.0, "auto" extraction
+    arith_reward(prompts, completions, answer=[...])     1.0 / 0.0, first number (prefill format)
+    format_reward(prompts, completions)                  1.0 when a non-empty \\boxed{} is present
+    combine_rewards([(fn, w), ...]) / guard_reward(fn)   failures and timeouts -> 0.0, counted
+"""
+
+from .extraction import EXTRACTION_MODES, extract_answer, find_boxed, parse_number
+from .functions import (
+    REWARDS,
+    CombinedReward,
+    GuardedReward,
+    RewardFn,
+    arith_reward,
+    combine_rewards,
+    format_reward,
+    get_reward,
+    guard_reward,
+    make_math_reward,
+    math_reward,
+)
+from .stats import RewardStats
+from .timeout import RewardTimeoutError, abandoned_threads, call_with_timeout
+from .verify import DEFAULT_VERIFY_TIMEOUT_S, VERIFY_STATS, answers_match
+
+__all__ = [
+    "DEFAULT_VERIFY_TIMEOUT_S",
+    "EXTRACTION_MODES",
+    "REWARDS",
+    "VERIFY_STATS",
+    "CombinedReward",
+    "GuardedReward",
+    "RewardFn",
+    "RewardStats",
+    "RewardTimeoutError",
+    "abandoned_threads",
+    "answers_match",
+    "arith_reward",
+    "call_with_timeout",
+    "combine_rewards",
+    "extract_answer",
+    "find_boxed",
+    "format_reward",
+    "get_reward",
+    "guard_reward",
+    "make_math_reward",
+    "math_reward",
+    "parse_number",
+]

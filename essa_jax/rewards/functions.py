@@ -1,0 +1,263 @@
+"""Reward functions and their safe composition. Rewards are maximised.
+
+Contract (docs/INTERFACES.md): a reward is a plain callable
+`fn(prompts: list[str], completions: list[str], **task_fields) -> list[float]`, one float per
+completion; task fields are lists aligned with the completions (e.g. `answer=[...]`); fields a reward
+does not use are ignored through `**_`.
+
+`guard_reward` / `combine_rewards` make any reward safe for a training run: a reward that raises,
+returns a non-finite value, or runs past its time bound on one completion scores that completion 0.0
+and is counted in a `RewardStats`; the run never crashes because of a reward.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from .extraction import EXTRACTION_MODES, extract_answer, find_boxed
+from .stats import RewardStats
+from .timeout import RewardTimeoutError, call_with_timeout
+from .verify import DEFAULT_VERIFY_TIMEOUT_S, answers_match
+
+RewardFn = Callable[..., list[float]]
+
+
+def _check_lengths(name: str, completions: Sequence[str], **fields: Any) -> None:
+    for key, values in fields.items():
+        if len(values) != len(completions):
+            raise ValueError(
+                f"{name}: {len(completions)} completions but {len(values)} values in field "
+                f"{key!r}; every task field must hold one value per completion"
+            )
+
+
+def make_math_reward(
+    mode: str = "auto",
+    *,
+    timeout_s: float | None = DEFAULT_VERIFY_TIMEOUT_S,
+    name: str | None = None,
+) -> RewardFn:
+    """A 1.0 / 0.0 correctness reward that extracts answers with `extract_answer(c, mode)`.
+
+    mode "auto" suits reasoning completions ("... \\boxed{12}"); "first_number" suits the
+    prefilled arithmetic format where the completion starts with the answer ("79<|im_end|>").
+    """
+    if mode not in EXTRACTION_MODES:
+        raise ValueError(f"math reward mode {mode!r} is not valid; valid: {EXTRACTION_MODES}")
+
+    def reward(
+        prompts: Sequence[str], completions: Sequence[str], answer: Sequence[str], **_: Any
+    ) -> list[float]:
+        _check_lengths(reward.__name__, completions, answer=answer)
+        return [
+            1.0 if answers_match(extract_answer(c, mode), str(a), timeout_s=timeout_s) else 0.0
+            for c, a in zip(completions, answer, strict=True)
+        ]
+
+    reward.__name__ = name or f"math_reward_{mode}"
+    reward.__doc__ = f"1.0 when the {mode!r}-extracted answer matches `answer`, else 0.0."
+    return reward
+
+
+def math_reward(
+    prompts: Sequence[str], completions: Sequence[str], answer: Sequence[str], **_: Any
+) -> list[float]:
+    """1.0 when the completion's final answer (`extract_answer`, mode "auto") equals `answer`.
+
+    The ESSA paper's fitness (arXiv 2507.04453, Sec. 3): final-answer correctness under the system
+    prompt "Please reason step by step and place your final answer in \\boxed{}."
+    """
+    return _math_auto(prompts, completions, answer)
+
+
+def arith_reward(
+    prompts: Sequence[str], completions: Sequence[str], answer: Sequence[str], **_: Any
+) -> list[float]:
+    """1.0 when the *first* number of the completion equals `answer` (prefilled "A + B = " format).
+
+    The prompt already ends with "A + B = ", so the completion is "79<|im_end|>" or "79\\n...";
+    anything after the first number is ignored (and a completion without a number scores 0.0).
+    """
+    return _math_first(prompts, completions, answer)
+
+
+_math_auto = make_math_reward("auto", name="math_reward")
+_math_first = make_math_reward("first_number", name="arith_reward")
+
+
+def format_reward(prompts: Sequence[str], completions: Sequence[str], **_: Any) -> list[float]:
+    """1.0 when the completion puts a non-empty final answer in `\\boxed{}` (the paper's format)."""
+    return [1.0 if any(b.strip() for b in find_boxed(c)) else 0.0 for c in completions]
+
+
+REWARDS: dict[str, RewardFn] = {
+    "math": math_reward,
+    "arith": arith_reward,
+    "format": format_reward,
+}
+
+
+def get_reward(name: str) -> RewardFn:
+    """A registered reward by name: "math", "arith" (first number) or "format"."""
+    if name not in REWARDS:
+        raise ValueError(f"unknown reward {name!r}; valid: {sorted(REWARDS)}")
+    return REWARDS[name]
+
+
+# ---------------------------------------------------------------------------------------------
+# safe calling and composition
+
+
+def _item_fields(fields: Mapping[str, Any], i: int, n: int) -> dict[str, Any]:
+    """Slice list-valued task fields (one value per completion) to item i; keep the rest."""
+    out = {}
+    for key, value in fields.items():
+        if isinstance(value, list | tuple | np.ndarray) and len(value) == n:
+            out[key] = [value[i]]
+        else:
+            out[key] = value
+    return out
+
+
+def _valid_scores(scores: Any, n: int) -> list[float] | None:
+    try:
+        vals = [float(s) for s in scores]
+    except (TypeError, ValueError):
+        return None
+    return vals if len(vals) == n else None
+
+
+class GuardedReward:
+    """A reward wrapped so that failures and time-outs score 0.0 per completion and are counted.
+
+    The batch is first scored in one call (bounded by `timeout_s * n`); if that call raises, times
+    out, or returns the wrong number of values, each completion is rescored alone under `timeout_s`
+    and only the completions that fail alone score 0.0. Non-finite values score 0.0 (failure).
+    """
+
+    def __init__(self, fn: RewardFn, *, timeout_s: float | None = 30.0, name: str | None = None):
+        self.fn = fn
+        self.timeout_s = timeout_s
+        self.__name__ = name or getattr(fn, "__name__", type(fn).__name__)
+        self.stats = RewardStats()
+
+    def _bound(self, n: int) -> float | None:
+        return None if self.timeout_s is None or self.timeout_s <= 0 else self.timeout_s * n
+
+    def __call__(
+        self, prompts: Sequence[str], completions: Sequence[str], **fields: Any
+    ) -> list[float]:
+        prompts, completions = list(prompts), list(completions)
+        n = len(completions)
+        if len(prompts) != n:
+            raise ValueError(f"{self.__name__}: {len(prompts)} prompts but {n} completions")
+        self.stats.record_calls(n)
+        try:
+            scores = call_with_timeout(self.fn, self._bound(n), prompts, completions, **fields)
+            scores = _valid_scores(scores, n)
+        except Exception:  # incl. RewardTimeoutError: rescore item by item below
+            scores = None
+        if scores is None:
+            scores = [self._score_one(prompts, completions, fields, i) for i in range(n)]
+        out = []
+        for s in scores:
+            if math.isfinite(s):
+                out.append(s)
+            else:
+                self.stats.record_failure(f"non-finite reward {s}")
+                out.append(0.0)
+        return out
+
+    def _score_one(self, prompts, completions, fields, i: int) -> float:
+        n = len(completions)
+        try:
+            scores = call_with_timeout(
+                self.fn,
+                self._bound(1),
+                [prompts[i]],
+                [completions[i]],
+                **_item_fields(fields, i, n),
+            )
+        except RewardTimeoutError as e:
+            self.stats.record_timeout(f"{self.__name__} on completion {i}: {e}")
+            return 0.0
+        except Exception as e:
+            self.stats.record_failure(e)
+            return 0.0
+        vals = _valid_scores(scores, 1)
+        if vals is None:
+            self.stats.record_failure(
+                f"{self.__name__} returned {scores!r} for one completion; expected one float"
+            )
+            return 0.0
+        return vals[0]
+
+
+def guard_reward(
+    fn: RewardFn, *, timeout_s: float | None = 30.0, name: str | None = None
+) -> GuardedReward:
+    """Wrap `fn` so it never crashes a run; its counters are at `.stats` (see `GuardedReward`)."""
+    return fn if isinstance(fn, GuardedReward) else GuardedReward(fn, timeout_s=timeout_s, name=name)
+
+
+class CombinedReward:
+    """Weighted sum of guarded rewards: r = sum_j w_j r_j (maximised).
+
+    `components(...)` returns each reward's per-completion values by name (for logging);
+    `stats` maps names to each reward's `RewardStats`.
+    """
+
+    def __init__(self, parts: Sequence[tuple[RewardFn, float]], *, timeout_s: float | None = 30.0):
+        if not parts:
+            raise ValueError("combine_rewards needs at least one (reward_fn, weight) pair")
+        self.parts: list[tuple[str, GuardedReward, float]] = []
+        seen: dict[str, int] = {}
+        for j, part in enumerate(parts):
+            if not (isinstance(part, tuple | list) and len(part) == 2 and callable(part[0])):
+                raise ValueError(
+                    f"combine_rewards part {j} is {part!r}; expected a (reward_fn, weight) pair"
+                )
+            fn, w = part
+            g = guard_reward(fn, timeout_s=timeout_s)
+            name = g.__name__
+            if name in seen:
+                seen[name] += 1
+                name = f"{name}_{seen[name]}"
+            else:
+                seen[name] = 0
+            self.parts.append((name, g, float(w)))
+        self.__name__ = "+".join(f"{w:g}*{name}" for name, _, w in self.parts)
+
+    @property
+    def stats(self) -> dict[str, RewardStats]:
+        return {name: g.stats for name, g, _ in self.parts}
+
+    def components(
+        self, prompts: Sequence[str], completions: Sequence[str], **fields: Any
+    ) -> dict[str, list[float]]:
+        return {name: g(prompts, completions, **fields) for name, g, _ in self.parts}
+
+    def combine(self, components: Mapping[str, Sequence[float]]) -> list[float]:
+        """The weighted sum of values returned by `components` (so they are computed once)."""
+        n = len(next(iter(components.values())))
+        total = [0.0] * n
+        for name, _, w in self.parts:
+            for i, v in enumerate(components[name]):
+                total[i] += w * v
+        return total
+
+    def __call__(
+        self, prompts: Sequence[str], completions: Sequence[str], **fields: Any
+    ) -> list[float]:
+        return self.combine(self.components(prompts, completions, **fields))
+
+
+def combine_rewards(
+    parts: Sequence[tuple[RewardFn, float]], *, timeout_s: float | None = 30.0
+) -> CombinedReward:
+    """`combine_rewards([(math_reward, 1.0), (format_reward, 0.1)])`: a guarded weighted sum."""
+    return CombinedReward(parts, timeout_s=timeout_s)

@@ -1,0 +1,486 @@
+"""The GRPO-family training step: rollouts, rewards, (focal) advantages, optax updates.
+
+One step (GRPO, arXiv 2402.03300, Alg. 1; F-GRPO, arXiv 2602.06717):
+  1. rollouts: each prompt repeated `group_size` times (groups contiguous) and sampled with the
+     current adapter (`essa_jax.models.generate`, temperature T);
+  2. rewards from a host function `reward_fn(prompts, completions, **task_fields) -> list[float]`;
+  3. advantages: `group_advantages`, times `focal_weights` when gamma > 0;
+  4. old log-probs (the behaviour policy) and, when beta > 0, reference log-probs: the *base model
+     with the adapter disabled* (lora=None), so no second copy of the weights exists;
+  5. `epochs` passes of `num_minibatches` AdamW updates, each one jitted call of
+     `update_step(policy, trainable, opt_state, batch)`.
+
+What is trained is decided by the caller through two inputs, so GRPO on a LoRA and the ESSA paper's
+SVD-GRPO baseline (gradients on the singular values only, U and V frozen) share all the code:
+  * `trainable`: the pytree the optimiser updates (LoRA dict, singular values, or a genome);
+  * `to_lora(trainable, frozen_adapter) -> {target: adapter}`: the model's LoRA hook argument.
+`lora_policy`, `svd_policy` and `genome_policy` build the three standard choices.
+
+Old log-probs: by default they are recomputed with a teacher-forced pass (`sequence_logprobs`), the
+same code path as the training log-probs, so at the first update the ratio is exactly 1. The
+sampler's own log-probs (KV-cache decode) agree only to float rounding (~1e-6 in float32; more in
+bf16), so they are used only with `use_generation_logprobs=True`. When the batch is used for exactly
+one update (epochs = num_minibatches = 1) the policy that sampled is the one being differentiated,
+so old_logp = stop_gradient(logp) and the extra forward pass is skipped (as TRL does).
+
+State = `GRPOState(params, opt_state, step, key)`, a pytree: checkpoint it and a resumed run is
+bit-identical. Rewards are maximised; the loss is minimised.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from essa_jax.lora.svd import GenomeLayout, SVDBasis, SVDLoRA, genome_to_svd_lora
+from essa_jax.models.config import ModelConfig
+from essa_jax.models.generate import Generation, generate
+from essa_jax.models.logprobs import sequence_logprobs
+from essa_jax.rl.advantages import focal_weights, group_advantages, zero_variance_fraction
+from essa_jax.rl.config import GRPOConfig
+from essa_jax.rl.losses import policy_loss
+
+ToLora = Callable[[Any, Any], Mapping[str, Any] | None]
+RewardFn = Callable[..., Sequence[float]]
+
+
+@flax.struct.dataclass
+class GRPOState:
+    """Everything that changes during training (a pytree; checkpoint / resume it as is).
+
+    params: the trainable pytree; opt_state: the optax state; step: int32 scalar;
+    key: raw PRNG key data (uint32 [2]), split once per step.
+    """
+
+    params: Any
+    opt_state: Any
+    step: jax.Array
+    key: jax.Array
+
+
+@flax.struct.dataclass
+class FrozenPolicy:
+    """What the optimiser does not touch: base weights and the frozen part of the adapter."""
+
+    base: Any
+    adapter: Any = None
+
+
+@flax.struct.dataclass
+class RolloutBatch:
+    """One optimisation batch of B = prompts x group_size rollouts (Tp prompt, N new tokens).
+
+    tokens [B, Tp + N] (left-padded prompt, then completion); attention_mask [B, Tp + N];
+    completion_mask [B, N] float (1 = sampled token, EOS included); advantages [B];
+    old_logp [B, N] or None (on-policy: the current log-probs, detached); ref_logp [B, N] or None.
+    """
+
+    tokens: jax.Array
+    attention_mask: jax.Array
+    completion_mask: jax.Array
+    advantages: jax.Array
+    old_logp: jax.Array | None = None
+    ref_logp: jax.Array | None = None
+
+
+# ----------------------------------------------------------------------------- trainable choices
+
+
+def _plain_to_lora(trainable: Any, frozen_adapter: Any) -> Mapping[str, Any]:
+    del frozen_adapter
+    return trainable
+
+
+def _svd_to_lora(trainable: Mapping[str, Any], frozen_adapter: Mapping[str, SVDLoRA]):
+    return {
+        t: ad.replace(s_a=trainable[t]["s_a"], s_b=trainable[t]["s_b"])
+        for t, ad in frozen_adapter.items()
+    }
+
+
+def lora_policy(lora: Mapping[str, Any]) -> tuple[Any, Any, ToLora]:
+    """Train every LoRA factor: (trainable = the LoRA dict, frozen adapter None, to_lora)."""
+    return dict(lora), None, _plain_to_lora
+
+
+def svd_policy(svd_lora: Mapping[str, SVDLoRA]) -> tuple[Any, Any, ToLora]:
+    """SVD-GRPO (the ESSA paper's baseline, arXiv 2507.04453, Sec. 4): train s_A, s_B only.
+
+    trainable = {target: {"s_a": [L, r], "s_b": [L, r]}}; U_A, V_A, M, U_B stay frozen.
+    """
+    for t, ad in svd_lora.items():
+        if not isinstance(ad, SVDLoRA) or ad.s_a.ndim != 2:
+            raise ValueError(
+                f"svd_policy needs one SVDLoRA per target with s_a [L, r]; target {t!r} is "
+                f"{type(ad).__name__}" + (f" with s_a {ad.s_a.shape}" if hasattr(ad, "s_a") else "")
+            )
+    trainable = {t: {"s_a": ad.s_a, "s_b": ad.s_b} for t, ad in svd_lora.items()}
+    return trainable, dict(svd_lora), _svd_to_lora
+
+
+def genome_policy(
+    basis: SVDBasis, layout: GenomeLayout, genome: jax.Array
+) -> tuple[Any, Any, ToLora]:
+    """SVD-GRPO over ESSA's genome (offsets to the SFT singular values, `[D]`): the same
+    parameters CMA-ES searches, trained by gradient instead."""
+
+    def to_lora(g: jax.Array, b: SVDBasis) -> dict[str, SVDLoRA]:
+        # Pytree flattening (jit arguments) sorts dict keys; the layout fixes the genome order.
+        b = b.replace(factors={t: b.factors[t] for t in layout.targets})
+        return genome_to_svd_lora(b, layout, g)
+
+    return jnp.asarray(genome), basis, to_lora
+
+
+# ----------------------------------------------------------------------------- building blocks
+
+
+def make_optimizer(cfg: GRPOConfig) -> optax.GradientTransformation:
+    """AdamW with global-norm gradient clipping (F-GRPO paper: lr 1e-6, wd 0.01, clip 1.0)."""
+    return optax.chain(
+        optax.clip_by_global_norm(cfg.max_grad_norm),
+        optax.adamw(
+            cfg.learning_rate,
+            b1=cfg.adam_b1,
+            b2=cfg.adam_b2,
+            eps=cfg.adam_eps,
+            weight_decay=cfg.weight_decay,
+        ),
+    )
+
+
+def compute_advantages(rewards: jax.Array, cfg: GRPOConfig) -> tuple[jax.Array, jax.Array]:
+    """(advantages, focal weights) per rollout; weights are 1 when gamma = 0 (plain GRPO)."""
+    adv = group_advantages(rewards, cfg.group_size, cfg.adv_scale, cfg.adv_eps, cfg.adv_ddof)
+    weights = focal_weights(rewards, cfg.group_size, cfg.gamma, cfg.r_correct, cfg.r_wrong)
+    return weights * adv, weights
+
+
+def _split_completion(lp: jax.Array, num_new: int) -> jax.Array:
+    """Entries of sequence_logprobs [B, Tp+N-1] that score the N completion tokens."""
+    return lp[:, lp.shape[1] - num_new :]
+
+
+class GRPOTrainer:
+    """Compiled GRPO-family step for one model config, `GRPOConfig` and parameterisation.
+
+    Holds no training state (that is `GRPOState`); it holds the jitted functions, built once.
+
+    Args:
+      model_config: the model's `ModelConfig`.
+      cfg: `GRPOConfig`.
+      to_lora: `(trainable, frozen_adapter) -> {target: adapter}` (see `lora_policy`,
+        `svd_policy`, `genome_policy`).
+      reward_fn: host reward `fn(prompts, completions, **task_fields) -> list[float]`, maximised.
+      decode: token ids -> text of a completion (EOS already stripped).
+      optimizer: optax transformation; default `make_optimizer(cfg)`.
+      eos_token_ids: end-of-sequence ids for generation (default: the model config's).
+    """
+
+    def __init__(
+        self,
+        model_config: ModelConfig,
+        cfg: GRPOConfig,
+        *,
+        to_lora: ToLora = _plain_to_lora,
+        reward_fn: RewardFn,
+        decode: Callable[[list[int]], str],
+        optimizer: optax.GradientTransformation | None = None,
+        eos_token_ids: Sequence[int] | None = None,
+    ):
+        self.model_config = model_config
+        self.cfg = cfg
+        self.to_lora = to_lora
+        self.reward_fn = reward_fn
+        self.decode = decode
+        self.optimizer = optimizer or make_optimizer(cfg)
+        self.eos_token_ids = tuple(
+            model_config.eos_token_ids if eos_token_ids is None else eos_token_ids
+        )
+        self.rollout = jax.jit(self._rollout)
+        self.score = jax.jit(self._score, static_argnames=("with_policy", "with_ref"))
+        # No buffer donation: a caller may keep the old state (e.g. to retry or compare a step).
+        self.update_step = jax.jit(self._update_step)
+
+    # -- state
+
+    def init(self, trainable: Any, key: jax.Array) -> GRPOState:
+        """Initial state; `key` may be a typed key or raw key data."""
+        if jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
+            key = jax.random.key_data(key)
+        return GRPOState(
+            params=trainable,
+            opt_state=self.optimizer.init(trainable),
+            step=jnp.zeros((), jnp.int32),
+            key=jnp.asarray(key),
+        )
+
+    # -- jitted pieces
+
+    def _rollout(
+        self,
+        policy: FrozenPolicy,
+        trainable: Any,
+        prompt_tokens: jax.Array,
+        prompt_mask: jax.Array,
+        key: jax.Array,
+    ) -> Generation:
+        """Sample group_size completions per prompt: rows [P * N], each prompt's group contiguous."""
+        cfg = self.cfg
+        tokens = jnp.repeat(prompt_tokens, cfg.group_size, axis=0)
+        mask = jnp.repeat(prompt_mask, cfg.group_size, axis=0)
+        return generate(
+            policy.base,
+            self.model_config,
+            tokens,
+            mask,
+            key,
+            max_new_tokens=cfg.max_new_tokens,
+            temperature=cfg.temperature,
+            top_k=cfg.top_k,
+            top_p=cfg.top_p,
+            lora=self.to_lora(trainable, policy.adapter),
+            eos_token_ids=self.eos_token_ids,
+        )
+
+    def _score(
+        self,
+        policy: FrozenPolicy,
+        trainable: Any,
+        tokens: jax.Array,
+        attention_mask: jax.Array,
+        with_policy: bool = True,
+        with_ref: bool = False,
+    ) -> tuple[jax.Array | None, jax.Array | None]:
+        """(policy, reference) log-probs [B, T-1] of `tokens`; the reference is the base model
+        with the adapter disabled (lora=None)."""
+        out = []
+        for on, lora in ((with_policy, self.to_lora(trainable, policy.adapter)), (with_ref, None)):
+            if not on:
+                out.append(None)
+                continue
+            out.append(
+                sequence_logprobs(
+                    policy.base,
+                    self.model_config,
+                    tokens,
+                    attention_mask,
+                    lora=lora,
+                    temperature=self.cfg.temperature,
+                )
+            )
+        return out[0], out[1]
+
+    def loss(
+        self, policy: FrozenPolicy, trainable: Any, batch: RolloutBatch
+    ) -> tuple[jax.Array, dict[str, jax.Array]]:
+        """The policy loss of `batch` under `trainable` (to be minimised) and its diagnostics."""
+        cfg = self.cfg
+        num_new = batch.completion_mask.shape[1]
+        lp, ent = sequence_logprobs(
+            policy.base,
+            self.model_config,
+            batch.tokens,
+            batch.attention_mask,
+            lora=self.to_lora(trainable, policy.adapter),
+            temperature=cfg.temperature,
+            return_entropy=True,
+        )
+        lp, ent = _split_completion(lp, num_new), _split_completion(ent, num_new)
+        old = jax.lax.stop_gradient(lp) if batch.old_logp is None else batch.old_logp
+        return policy_loss(
+            lp,
+            old,
+            batch.advantages,
+            batch.completion_mask,
+            kind=cfg.loss_kind,
+            eps_low=cfg.eps_low,
+            eps_high=cfg.eps_high,
+            agg=cfg.agg,
+            max_len=cfg.norm_len,
+            ref_logp=batch.ref_logp,
+            beta=cfg.beta,
+            entropy=ent,
+        )
+
+    def _update_step(
+        self, policy: FrozenPolicy, trainable: Any, opt_state: Any, batch: RolloutBatch
+    ) -> tuple[Any, Any, dict[str, jax.Array]]:
+        """One optax update on one mini-batch: (trainable, opt_state, metrics)."""
+        (loss, aux), grads = jax.value_and_grad(self.loss, argnums=1, has_aux=True)(
+            policy, trainable, batch
+        )
+        updates, opt_state = self.optimizer.update(grads, opt_state, trainable)
+        trainable = optax.apply_updates(trainable, updates)
+        metrics = {
+            **aux,
+            "loss": loss,
+            "grad_norm": optax.tree.norm(grads),
+            "update_norm": optax.tree.norm(updates),
+        }
+        return trainable, opt_state, metrics
+
+    # -- the host step
+
+    def make_batch(
+        self,
+        policy: FrozenPolicy,
+        trainable: Any,
+        prompt_tokens: jax.Array,
+        prompt_mask: jax.Array,
+        gen: Generation,
+        rewards: jax.Array,
+    ) -> tuple[RolloutBatch, dict[str, jax.Array]]:
+        """Assemble the optimisation batch (advantages, old / reference log-probs) of a rollout."""
+        cfg = self.cfg
+        n = cfg.group_size
+        tokens = jnp.concatenate([jnp.repeat(prompt_tokens, n, 0), gen.tokens], axis=1)
+        attn = jnp.concatenate(
+            [jnp.repeat(prompt_mask, n, 0).astype(jnp.int32), gen.mask.astype(jnp.int32)], axis=1
+        )
+        comp_mask = gen.mask.astype(jnp.float32)
+        advantages, weights = compute_advantages(rewards, cfg)
+        multi_update = cfg.epochs * cfg.num_minibatches > 1
+        need_old = multi_update and not cfg.use_generation_logprobs
+        need_ref = cfg.beta > 0
+        old = ref = None
+        if need_old or need_ref:
+            old, ref = self.score(
+                policy, trainable, tokens, attn, with_policy=need_old, with_ref=need_ref
+            )
+            num_new = gen.tokens.shape[1]
+            old = None if old is None else _split_completion(old, num_new)
+            ref = None if ref is None else _split_completion(ref, num_new)
+        if cfg.use_generation_logprobs:
+            old = gen.logprobs
+        batch = RolloutBatch(
+            tokens=tokens,
+            attention_mask=attn,
+            completion_mask=comp_mask,
+            advantages=advantages,
+            old_logp=old,
+            ref_logp=ref,
+        )
+        return batch, {"focal_weight_mean": jnp.mean(weights)}
+
+    def step(
+        self,
+        state: GRPOState,
+        policy: FrozenPolicy,
+        prompt_tokens: jax.Array,
+        prompt_mask: jax.Array,
+        prompts: Sequence[Any],
+        **task_fields: Sequence[Any],
+    ) -> tuple[GRPOState, dict[str, float]]:
+        """One GRPO-family step on P prompts: P * group_size rollouts, then the updates.
+
+        Args:
+          state: `GRPOState`.
+          policy: `FrozenPolicy(base params, frozen adapter)`.
+          prompt_tokens, prompt_mask: [P, Tp] left-padded prompts (keep Tp fixed across steps
+            to avoid recompiling).
+          prompts: the P prompts as the reward function expects them (text or chat messages).
+          task_fields: per-prompt fields passed to the reward function (e.g. answer=[...]).
+
+        Returns:
+          (new state, metrics): floats, see the module docstring of `essa_jax.rl`.
+        """
+        cfg = self.cfg
+        num_prompts = prompt_tokens.shape[0]
+        if len(prompts) != num_prompts:
+            raise ValueError(f"{len(prompts)} prompts for {num_prompts} rows of prompt_tokens")
+        for name, vals in task_fields.items():
+            if len(vals) != num_prompts:
+                raise ValueError(f"task field {name!r} has {len(vals)} values for {num_prompts}")
+        num_rollouts = num_prompts * cfg.group_size
+        cfg.check_batch(num_rollouts)
+
+        key = jax.random.wrap_key_data(state.key)
+        key, k_roll, k_shuffle = jax.random.split(key, 3)
+
+        t0 = time.perf_counter()
+        gen = jax.block_until_ready(
+            self.rollout(policy, state.params, prompt_tokens, prompt_mask, k_roll)
+        )
+        t_roll = time.perf_counter() - t0
+
+        t0 = time.perf_counter()
+        tokens_np = np.asarray(gen.tokens)
+        lengths = np.asarray(gen.lengths)
+        finished = np.asarray(gen.finished)
+        completions = []
+        for i in range(num_rollouts):
+            n = int(lengths[i]) - (1 if finished[i] else 0)  # drop the EOS token
+            completions.append(self.decode(tokens_np[i, :n].tolist()))
+        rep = lambda xs: [x for x in xs for _ in range(cfg.group_size)]  # noqa: E731
+        rewards = self.reward_fn(
+            rep(prompts), completions, **{k: rep(v) for k, v in task_fields.items()}
+        )
+        if len(rewards) != num_rollouts:
+            raise ValueError(f"reward_fn returned {len(rewards)} rewards for {num_rollouts}")
+        rewards = jnp.asarray(np.asarray(rewards, np.float32))
+        t_reward = time.perf_counter() - t0
+
+        t0 = time.perf_counter()
+        batch, extra = self.make_batch(
+            policy, state.params, prompt_tokens, prompt_mask, gen, rewards
+        )
+        jax.block_until_ready(batch)
+        t_score = time.perf_counter() - t0
+
+        t0 = time.perf_counter()
+        params, opt_state = state.params, state.opt_state
+        mb = num_rollouts // cfg.num_minibatches
+        per_update = []
+        for epoch in range(cfg.epochs):
+            if cfg.num_minibatches > 1:
+                perm = jax.random.permutation(jax.random.fold_in(k_shuffle, epoch), num_rollouts)
+            else:
+                perm = None
+            for j in range(cfg.num_minibatches):
+                if perm is None:
+                    sub = batch
+                else:
+                    idx = perm[j * mb : (j + 1) * mb]
+                    sub = jax.tree.map(lambda x, idx=idx: x[idx], batch)
+                params, opt_state, m = self.update_step(policy, params, opt_state, sub)
+                per_update.append(m)
+        per_update = jax.device_get(per_update)
+        t_update = time.perf_counter() - t0
+
+        new_state = GRPOState(
+            params=params,
+            opt_state=opt_state,
+            step=state.step + 1,
+            key=jax.random.key_data(key),
+        )
+        r = np.asarray(rewards)
+        num_tokens = float(lengths.sum())
+        metrics = {
+            "reward_mean": float(r.mean()),
+            "reward_std": float(r.std()),
+            "zero_variance_frac": float(zero_variance_fraction(rewards, cfg.group_size)),
+            "focal_weight_mean": float(extra["focal_weight_mean"]),
+            "completion_len_mean": float(lengths.mean()),
+            "truncation_rate": float(1.0 - finished.mean()),
+            "rollout_s": t_roll,
+            "reward_s": t_reward,
+            "score_s": t_score,
+            "update_s": t_update,
+            "step_s": t_roll + t_reward + t_score + t_update,
+        }
+        metrics["tokens_per_s"] = num_tokens / metrics["step_s"]
+        metrics["rollout_tokens_per_s"] = num_tokens / max(t_roll, 1e-9)
+        # Update diagnostics: mean over the step's updates, except the ratio extremes.
+        reduce = {"ratio_min": np.min, "ratio_max": np.max}
+        for k in per_update[0]:
+            vals = np.asarray([float(m[k]) for m in per_update])
+            metrics[k] = float(reduce.get(k, np.mean)(vals))
+        return new_state, metrics

@@ -1,0 +1,135 @@
+"""The GRPO-family loop: GRPO, F-GRPO (focal, arXiv 2602.06717) and SVD-GRPO, from the SFT adapter.
+
+"grpo" / "fgrpo" train both LoRA factors of the SFT adapter; "svdgrpo" (ESSA's baseline, arXiv
+2507.04453 Sec. 5) trains, by gradient, exactly the parameters ESSA evolves: the genome of offsets
+to the SFT singular values (same SVD, same alpha). Each step samples `grpo.batch_size` rollouts
+(`batch_size / group_size` prompts x N) and applies `essa_jax.rl.GRPOTrainer.step`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+
+from essa_jax import lora as lora_lib
+from essa_jax.rl.config import GRPOConfig
+from essa_jax.rl.trainer import FrozenPolicy, GRPOState, GRPOTrainer, genome_policy, lora_policy
+from essa_jax.train.rollouts import batch_indices
+
+
+@flax.struct.dataclass
+class GRPOLoopState:
+    """The trainer's state (trainable, optimiser, step, key), the frozen adapter part (the SVD
+    basis for svdgrpo, else None) and the data cursor."""
+
+    grpo: GRPOState
+    frozen: Any
+    cursor: jax.Array
+
+    @property
+    def step(self) -> jax.Array:
+        return self.grpo.step
+
+
+def grpo_config(config) -> GRPOConfig:
+    """essa_jax.rl.GRPOConfig of an experiment config."""
+    g = config.grpo
+    return GRPOConfig(
+        group_size=g.group_size,
+        method="cispo" if g.loss == "cispo" else "grpo",
+        eps_low=g.eps_low,
+        eps_high=g.eps_high,
+        agg=g.agg,
+        adv_scale=g.adv_scale,
+        gamma=float(g.focal_gamma),
+        beta=float(g.beta),
+        learning_rate=float(g.learning_rate),
+        weight_decay=float(g.weight_decay),
+        max_grad_norm=float(g.max_grad_norm),
+        max_new_tokens=config.generation.max_new_tokens,
+        temperature=float(g.temperature),
+    )
+
+
+class GRPOLoop:
+    """init_state / step / policy for the GRPO-family methods."""
+
+    def __init__(self, run: Any):
+        self.run = run
+        c = run.config
+        self.name = c.method
+        self.total_steps = c.grpo.steps
+        self.num_prompts = c.grpo.batch_size // c.grpo.group_size
+        self.svd = c.method == "svdgrpo"
+        self.layout = lora_lib.GenomeLayout(
+            # Sorted: jax orders dict pytrees by key, so an adapter dict that went through jit or a
+            # checkpoint comes back sorted, and the genome layout must match that order.
+            targets=tuple(sorted(c.lora.targets)),
+            num_layers=run.model_config.num_layers,
+            rank=c.lora.rank,
+            num_free=lora_lib.num_free_values(c.lora.rank, c.essa.alpha),
+        )
+        if self.svd:
+            layout = self.layout
+
+            def to_lora(genome, basis):
+                return lora_lib.genome_to_svd_lora(basis, layout, genome)
+        else:
+            to_lora = lora_policy({})[2]
+        self.to_lora = to_lora
+        tok = run.tokenizer
+        self.trainer = GRPOTrainer(
+            run.model_config,
+            grpo_config(c),
+            to_lora=to_lora,
+            reward_fn=run.reward_fn,
+            decode=lambda ids: tok.decode(ids, skip_special_tokens=True),
+            eos_token_ids=run.sampler.eos_token_ids,
+        )
+
+    def init_state(self, key: jax.Array, sft_lora: dict) -> GRPOLoopState:
+        if self.svd:
+            sft_lora = {t: sft_lora[t] for t in self.layout.targets}
+            basis, layout = lora_lib.svd_factorize(sft_lora, self.run.config.essa.alpha)
+            assert layout == self.layout, (layout, self.layout)
+            trainable, frozen, _ = genome_policy(basis, layout, lora_lib.sft_genome(layout))
+        else:
+            trainable, frozen, _ = lora_policy(sft_lora)
+        return GRPOLoopState(
+            grpo=self.trainer.init(trainable, key), frozen=frozen, cursor=jnp.int32(0)
+        )
+
+    def policy_lora(self, state: GRPOLoopState) -> dict:
+        return self.to_lora(state.grpo.params, state.frozen)
+
+    def export_lora(self, state: GRPOLoopState) -> dict:
+        if self.svd:
+            return lora_lib.svd_lora_to_lora(state.frozen, self.layout, state.grpo.params)
+        return state.grpo.params
+
+    def step(self, state: GRPOLoopState) -> tuple[GRPOLoopState, dict[str, float], int]:
+        run = self.run
+        idx = batch_indices(run.config.seed + 2, int(state.cursor), self.num_prompts, len(run.train))
+        batch = run.train.take(idx)
+        policy = FrozenPolicy(base=run.params, adapter=state.frozen)
+        new, m = self.trainer.step(
+            state.grpo,
+            policy,
+            jnp.asarray(batch.tokens),
+            jnp.asarray(batch.mask),
+            batch.prompts,
+            **batch.fields,
+        )
+        rollouts = self.num_prompts * self.trainer.cfg.group_size
+        tokens = int(round(m["completion_len_mean"] * rollouts))
+        metrics = {
+            "reward": m.pop("reward_mean"),
+            "zero_variance": m.pop("zero_variance_frac"),
+            "completion_len": m.pop("completion_len_mean"),
+            "truncated": m.pop("truncation_rate"),
+            **m,
+        }
+        return state.replace(grpo=new, cursor=state.cursor + self.num_prompts), metrics, tokens

@@ -1,0 +1,123 @@
+"""What a run writes while it trains: JSONL rows, TensorBoard events, a progress bar.
+
+Every row carries the same three axes, whatever the method: `step`, `wall_s` (seconds of the ES /
+RL phase, summed over resumed segments) and `tokens` (generated tokens so far), so ESSA and GRPO
+runs overlay directly (`python -m essa_jax.plot runs/`). `phase` is "sft", "train" or "eval".
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+
+METRICS_FILE = "metrics.jsonl"
+
+
+def wilson_interval(correct: int, n: int, z: float = 1.959964) -> tuple[float, float]:
+    """95% Wilson score interval of a binomial proportion (Wilson 1927); (0, 1) when n = 0."""
+    if n == 0:
+        return 0.0, 1.0
+    p = correct / n
+    denom = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denom
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def _plain(v: Any) -> Any:
+    """JSON-friendly scalars (numpy / jax 0-d arrays -> float / int)."""
+    if isinstance(v, bool | int | str) or v is None:
+        return v
+    if isinstance(v, float):
+        return v if math.isfinite(v) else None
+    a = np.asarray(v)
+    if a.ndim == 0:
+        x = a.item()
+        return _plain(x)
+    return [_plain(x) for x in a.tolist()]
+
+
+class MetricsLogger:
+    """Appends rows to `<workdir>/metrics.jsonl` and scalars to TensorBoard (`<workdir>/tb`).
+
+    `history` holds every row written; on resume the logger is rebuilt from the checkpoint's
+    history (`restore`), so rows written after the checkpoint by an interrupted run are dropped.
+    """
+
+    def __init__(self, workdir: str, *, tensorboard: bool = True):
+        os.makedirs(workdir, exist_ok=True)
+        self.path = os.path.join(workdir, METRICS_FILE)
+        self.history: list[dict[str, Any]] = []
+        self._tb = None
+        self._tb_dir = os.path.join(workdir, "tb") if tensorboard else None
+
+    def restore(self, history: Iterable[dict[str, Any]], purge_step: int | None = None) -> None:
+        """Start from `history` (from a checkpoint): rewrite the JSONL file with exactly it."""
+        self.history = [dict(r) for r in history]
+        with open(self.path, "w") as f:
+            for row in self.history:
+                f.write(json.dumps(row) + "\n")
+        self._open_tb(purge_step)
+
+    def start(self) -> None:
+        """A fresh run: truncate the JSONL file."""
+        self.restore([], purge_step=None)
+
+    def _open_tb(self, purge_step: int | None) -> None:
+        if self._tb_dir is None:
+            return
+        from tensorboardX import SummaryWriter
+
+        # purge_step drops events an interrupted run wrote after its last checkpoint.
+        self._tb = SummaryWriter(self._tb_dir, purge_step=purge_step, flush_secs=10)
+
+    def write(self, phase: str, step: int, **metrics: Any) -> dict[str, Any]:
+        row = {"phase": phase, "step": int(step), **{k: _plain(v) for k, v in metrics.items()}}
+        self.history.append(row)
+        with open(self.path, "a") as f:
+            f.write(json.dumps(row) + "\n")
+        if self._tb is not None:
+            for k, v in row.items():
+                if k in ("phase", "step") or not isinstance(v, int | float) or isinstance(v, bool):
+                    continue
+                self._tb.add_scalar(f"{phase}/{k}", v, global_step=int(step))
+        return row
+
+    def close(self) -> None:
+        if self._tb is not None:
+            self._tb.flush()
+            self._tb.close()
+            self._tb = None
+
+
+def read_metrics(workdir: str) -> list[dict[str, Any]]:
+    """The rows of `<workdir>/metrics.jsonl` (empty if missing)."""
+    path = os.path.join(workdir, METRICS_FILE)
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+class Progress:
+    """tqdm bar over the ES / RL steps, showing the latest reward and held-out accuracy (+ ETA)."""
+
+    def __init__(self, total: int, initial: int, desc: str, enabled: bool = True):
+        from tqdm.auto import tqdm
+
+        self._bar = tqdm(total=total, initial=initial, desc=desc, disable=not enabled, unit="step")
+        self._post: dict[str, str] = {}
+
+    def update(self, n: int = 1, **postfix: float) -> None:
+        for k, v in postfix.items():
+            self._post[k] = f"{v:.3f}" if isinstance(v, float) else str(v)
+        self._bar.set_postfix(self._post, refresh=False)
+        self._bar.update(n)
+
+    def close(self) -> None:
+        self._bar.close()

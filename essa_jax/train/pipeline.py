@@ -1,0 +1,315 @@
+"""`train_and_evaluate(config, workdir)`: model + task -> SFT -> ESSA or a GRPO-family loop.
+
+    1. validate the config (before any weight is read or any function compiled);
+    2. load the model, tokenizer and task; tokenise train and held-out prompts;
+    3. fresh run: LoRA SFT, held-out accuracy of the SFT adapter, checkpoint 0 (the state right
+       after SFT); resumed run: restore the latest complete checkpoint instead;
+    4. the method's loop, logging every step and evaluating the policy on the held-out set every
+       `eval.every` steps, checkpointing every `checkpoint.every` steps, stopping at the step budget
+       or at `max_wall_seconds` of loop wall-clock;
+    5. final held-out accuracy (+ pass@k), summary.json and a printed table, PNG plots, the adapter
+       in PEFT format (`<workdir>/adapter`).
+
+The wall-clock axis (`wall_s`) counts the loop's own time only: SFT, held-out evaluation and
+checkpoint writes are excluded, so methods compare at equal training cost.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from essa_jax import lora as lora_lib
+from essa_jax.config import RANDOM_PREFIX, validate_config
+from essa_jax.train import summary as summary_lib
+from essa_jax.train.checkpoint import Checkpointer
+from essa_jax.train.metrics import MetricsLogger, Progress
+from essa_jax.train.rollouts import PromptSet, Sampler, heldout_accuracy, heldout_pass_at_k
+from essa_jax.train.sft import train_sft
+from essa_jax.train.tasks import encode_examples
+
+DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+
+
+@dataclasses.dataclass
+class Run:
+    """What the loops share: model, tokenizer, tokenised task, reward, sampler, logger."""
+
+    config: Any
+    workdir: str
+    model_config: Any
+    params: Any
+    tokenizer: Any
+    train: PromptSet
+    heldout: PromptSet
+    reward_fn: Any
+    sampler: Sampler
+    lora_config: lora_lib.LoraConfig
+    logger: MetricsLogger
+    verbose: bool = True
+
+    def log(self, msg: str) -> None:
+        if self.verbose:
+            print(msg, flush=True)
+
+
+def load_model(config) -> tuple[Any, Any, Any]:
+    """(ModelConfig, params, tokenizer) of `config.model`."""
+    from essa_jax.models import load_pretrained, load_tokenizer
+
+    dtype = DTYPES[config.model.dtype]
+    path = config.model.path
+    if path.startswith(RANDOM_PREFIX):
+        from essa_jax.train.tiny import CharTokenizer, tiny_model
+
+        model_config, params = tiny_model(path[len(RANDOM_PREFIX) :], config.seed, dtype)
+        return model_config, params, CharTokenizer()
+    model_config, params = load_pretrained(path, dtype)
+    tokenizer = load_tokenizer(config.model.tokenizer or path)
+    return model_config, params, tokenizer
+
+
+def make_loop(run: Run):
+    method = run.config.method
+    if method == "essa":
+        from essa_jax.train.essa import ESSALoop
+
+        return ESSALoop(run)
+    if method in ("grpo", "fgrpo", "svdgrpo"):
+        from essa_jax.train.grpo import GRPOLoop
+
+        return GRPOLoop(run)
+    if method == "sft":
+        return None
+    raise ValueError(f"unknown method {method!r}")
+
+
+def _key_data(key: jax.Array) -> jax.Array:
+    return jax.random.key_data(key) if jnp.issubdtype(key.dtype, jax.dtypes.prng_key) else key
+
+
+def build_run(config, workdir: str, *, verbose: bool = True) -> Run:
+    """Load the model and task of `config` into a Run (no training)."""
+    from essa_jax.train.tasks import load_task
+
+    t0 = time.perf_counter()
+    model_config, params, tokenizer = load_model(config)
+    lora_config = lora_lib.LoraConfig(
+        rank=config.lora.rank, alpha=float(config.lora.alpha), targets=tuple(config.lora.targets)
+    )
+    lora_config.validate_for(model_config)
+    eos = tuple(model_config.eos_token_ids) or (tokenizer.eos_token_id,)
+    pad = model_config.effective_pad_id
+    train_ex, heldout_ex, reward_fn = load_task(config.task, config.seed)
+    train, dropped_train = encode_examples(
+        tokenizer, train_ex, max_prompt_tokens=config.task.max_prompt_tokens, pad_id=pad,
+        eos_id=eos[0],
+    )
+    heldout, dropped_heldout = encode_examples(
+        tokenizer, heldout_ex, max_prompt_tokens=config.task.max_prompt_tokens, pad_id=pad,
+        eos_id=eos[0],
+    )
+    sampler = Sampler(model_config, config.generation.max_new_tokens, eos, pad)
+    run = Run(
+        config=config,
+        workdir=workdir,
+        model_config=model_config,
+        params=params,
+        tokenizer=tokenizer,
+        train=train,
+        heldout=heldout,
+        reward_fn=reward_fn,
+        sampler=sampler,
+        lora_config=lora_config,
+        logger=MetricsLogger(workdir),
+        verbose=verbose,
+    )
+    run.log(
+        f"model {config.model.path} ({model_config.num_params() / 1e6:.1f}M params) and task "
+        f"{config.task.name}: {len(train)} train / {len(heldout)} held-out prompts of "
+        f"<= {train.tokens.shape[1]} / {heldout.tokens.shape[1]} tokens "
+        f"(dropped {dropped_train} / {dropped_heldout} too long), loaded in "
+        f"{time.perf_counter() - t0:.1f}s"
+    )
+    return run
+
+
+def evaluate_policy(run: Run, lora: Any) -> dict[str, float]:
+    return heldout_accuracy(
+        run.sampler,
+        run.tokenizer,
+        run.reward_fn,
+        run.params,
+        run.heldout,
+        batch_size=run.config.eval.batch_size,
+        lora=lora,
+    )
+
+
+def _sft(run: Run, key: jax.Array) -> tuple[dict, dict[str, Any]]:
+    """Train the SFT adapter; return it and its held-out accuracy."""
+    c = run.config
+    t0 = time.perf_counter()
+    lora0 = lora_lib.init_lora(key, run.model_config, run.lora_config, run.params["embed"].dtype)
+
+    def log_fn(step: int, m: dict[str, float]) -> None:
+        run.logger.write("sft", step, wall_s=time.perf_counter() - t0, tokens=0, **m)
+
+    sft_lora = train_sft(
+        lora0, run.params, run.model_config, run.train, c.sft, seed=c.seed, pad_id=run.sampler.pad_token_id,
+        log_fn=log_fn,
+    )
+    sft_s = time.perf_counter() - t0
+    ev = evaluate_policy(run, sft_lora)
+    base = evaluate_policy(run, None) if c.eval.base_model else None
+    run.log(
+        f"SFT: {c.sft.steps} steps in {sft_s:.1f}s; held-out accuracy {ev['acc']:.3f} "
+        f"[{ev['ci_low']:.3f}, {ev['ci_high']:.3f}] (n={ev['n']})"
+        + (f"; base model {base['acc']:.3f}" if base else "")
+    )
+    info = {"sft_seconds": sft_s, "sft_eval": ev, "base_eval": base}
+    return sft_lora, info
+
+
+def train_and_evaluate(config, workdir: str, *, resume: bool | None = None, verbose: bool = True):
+    """Run the experiment `config` in `workdir`; return the summary dict (also summary.json).
+
+    resume: True = require a checkpoint in `workdir`; False = refuse to reuse a workdir that
+    has one; None (default) = resume when a complete checkpoint exists, else start fresh.
+    """
+    validate_config(config)
+    os.makedirs(workdir, exist_ok=True)
+    ckpt = Checkpointer(workdir, keep=config.checkpoint.keep)
+    latest = ckpt.latest_step()
+    if resume is True and latest is None:
+        raise FileNotFoundError(f"--resume: no complete checkpoint in {workdir}/checkpoints")
+    if resume is False and latest is not None:
+        raise FileExistsError(
+            f"{workdir} already holds checkpoints (latest step {latest}); resume or use a new "
+            "--workdir"
+        )
+    with open(os.path.join(workdir, "config.json"), "w") as f:
+        f.write(config.to_json_best_effort(indent=2) + "\n")
+
+    run = build_run(config, workdir, verbose=verbose)
+    loop = make_loop(run)
+    key = jax.random.PRNGKey(config.seed)
+    k_sft, k_loop = jax.random.split(key)
+
+    if latest is None:
+        sft_lora, info = _sft(run, k_sft)
+        run.logger.write("eval", 0, wall_s=0.0, tokens=0, **info["sft_eval"])
+        meta = {**info, "wall_s": 0.0, "tokens": 0, "history": []}
+        if loop is None:
+            state = {"lora": sft_lora}
+        else:
+            state = loop.init_state(k_loop, sft_lora)
+        meta["history"] = list(run.logger.history)
+        ckpt.save(0, state, meta)
+        run.logger.restore(meta["history"])
+    else:
+        template = _template(run, loop, k_loop)
+        state, meta = ckpt.restore(latest, template)
+        run.log(f"resuming from {workdir}/checkpoints/{latest}")
+        run.logger.restore(meta["history"], purge_step=latest + 1)
+
+    if loop is not None:
+        state, meta = _run_loop(run, loop, state, meta, ckpt)
+        final_lora = loop.policy_lora(state)
+        export = loop.export_lora(state)
+    else:
+        final_lora = export = state["lora"]
+    ckpt.close()
+
+    final = evaluate_policy(run, final_lora)
+    pass_k = _pass_at_k(run, final_lora) if config.eval.pass_k_samples else {}
+    lora_lib.export_peft(
+        os.path.join(workdir, "adapter"),
+        export,
+        run.lora_config,
+        base_model_name_or_path=config.model.path,
+    )
+    summary = summary_lib.make_summary(config, meta, final, pass_k)
+    summary_lib.write_summary(workdir, summary, verbose=verbose)
+    summary_lib.plot_run(workdir, run.logger.history, title=f"{config.method} {config.task.name}")
+    run.logger.close()
+    return summary
+
+
+def _template(run: Run, loop, key: jax.Array) -> Any:
+    """A state with the structure of a checkpoint (built from a zero adapter: cheap, no SFT)."""
+    lora0 = lora_lib.init_lora(key, run.model_config, run.lora_config, run.params["embed"].dtype)
+    if loop is None:
+        return {"lora": lora0}
+    return loop.init_state(key, lora0)
+
+
+def _pass_at_k(run: Run, lora: Any) -> dict[str, float]:
+    c = run.config.eval
+    n = min(c.pass_k_problems, len(run.heldout))
+    return heldout_pass_at_k(
+        run.sampler,
+        run.tokenizer,
+        run.reward_fn,
+        run.params,
+        run.heldout.take(np.arange(n)),
+        jax.random.PRNGKey(run.config.seed + 7),
+        samples=c.pass_k_samples,
+        ks=tuple(c.pass_k),
+        batch_size=c.batch_size,
+        lora=lora,
+    )
+
+
+def _run_loop(run: Run, loop, state, meta: dict, ckpt: Checkpointer):
+    """Step until the budget (steps or wall-clock); log, evaluate, checkpoint."""
+    c = run.config
+    step = int(state.step)
+    wall = float(meta["wall_s"])
+    tokens = int(meta["tokens"])
+    progress = Progress(loop.total_steps, step, desc=c.method, enabled=run.verbose)
+    last_saved = step
+    try:
+        while step < loop.total_steps:
+            if c.max_wall_seconds and wall >= c.max_wall_seconds:
+                run.log(f"stopping at step {step}: wall-clock budget {c.max_wall_seconds}s reached")
+                break
+            t0 = time.perf_counter()
+            state, m, n_tokens = loop.step(state)
+            jax.block_until_ready(state)
+            wall += time.perf_counter() - t0
+            tokens += n_tokens
+            step += 1
+            if step % c.log_every == 0 or step == loop.total_steps:
+                run.logger.write("train", step, wall_s=wall, tokens=tokens, **m)
+            post = {"reward": m["reward"]}
+            if c.eval.every and step % c.eval.every == 0:
+                ev = evaluate_policy(run, loop.policy_lora(state))
+                run.logger.write("eval", step, wall_s=wall, tokens=tokens, **ev)
+                post["heldout"] = ev["acc"]
+            progress.update(1, **post)
+            if c.checkpoint.every and step % c.checkpoint.every == 0:
+                ckpt.save(step, state, _meta(meta, run, wall, tokens))
+                last_saved = step
+    finally:
+        progress.close()
+    meta = _meta(meta, run, wall, tokens)
+    if step != last_saved:
+        ckpt.save(step, state, meta)
+    return state, meta
+
+
+def _meta(meta: dict, run: Run, wall: float, tokens: int) -> dict:
+    return {**meta, "wall_s": wall, "tokens": tokens, "history": list(run.logger.history)}
+
+
+def load_summary(workdir: str) -> dict:
+    with open(os.path.join(workdir, summary_lib.SUMMARY_FILE)) as f:
+        return json.load(f)

@@ -1,0 +1,232 @@
+"""Prompts in, scored completions out: tokenising a task, generating, decoding, rewarding.
+
+Shapes are fixed per run (every prompt is left-padded to the task's longest prompt), so each
+generation program compiles once and is reused by SFT evaluation, ES fitness and GRPO rollouts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+from essa_jax.models import generate_jit
+from essa_jax.train.metrics import wilson_interval
+
+
+@dataclasses.dataclass(frozen=True)
+class PromptSet:
+    """A task split, tokenised.
+
+    prompts: rendered prompt strings (what the reward sees); tokens / mask: `[n, T]` int32,
+    left-padded; fields: task fields aligned with the prompts (e.g. `answer`), passed to the reward;
+    targets: SFT completion token ids per example (reference answer + EOS), may be empty.
+    """
+
+    prompts: list[str]
+    tokens: np.ndarray
+    mask: np.ndarray
+    fields: dict[str, list[Any]]
+    targets: list[list[int]]
+
+    def __len__(self) -> int:
+        return len(self.prompts)
+
+    def take(self, idx: Sequence[int]) -> PromptSet:
+        idx = list(map(int, idx))
+        return PromptSet(
+            prompts=[self.prompts[i] for i in idx],
+            tokens=self.tokens[idx],
+            mask=self.mask[idx],
+            fields={k: [v[i] for i in idx] for k, v in self.fields.items()},
+            targets=[self.targets[i] for i in idx] if self.targets else [],
+        )
+
+    def repeat(self, n: int) -> PromptSet:
+        """Every prompt n times in a row (a GRPO group / pass@k samples): index i*n + j."""
+        return self.take(np.repeat(np.arange(len(self)), n))
+
+
+def batch_indices(seed: int, cursor: int, size: int, n: int) -> np.ndarray:
+    """`size` example indices starting at data cursor `cursor` of an endless shuffled stream.
+
+    The stream is a fresh permutation of range(n) per epoch, seeded by (seed, epoch); a run that
+    resumes from a saved cursor sees exactly the batches an uninterrupted run sees.
+    """
+    out = np.empty(size, np.int64)
+    for j in range(size):
+        epoch, pos = divmod(cursor + j, n)
+        perm = np.random.default_rng((seed, epoch)).permutation(n)
+        out[j] = perm[pos]
+    return out
+
+
+def decode_completions(tokenizer: Any, tokens: np.ndarray, lengths: np.ndarray) -> list[str]:
+    """Generated ids `[B, N]` -> strings (special tokens such as EOS dropped)."""
+    return [
+        tokenizer.decode([int(t) for t in row[:n]], skip_special_tokens=True)
+        for row, n in zip(np.asarray(tokens), np.asarray(lengths), strict=True)
+    ]
+
+
+def score(
+    reward_fn: Callable[..., list[float]], batch: PromptSet, completions: list[str]
+) -> np.ndarray:
+    """Rewards `[B]` float32 of `completions` (aligned with `batch`); maximised."""
+    return np.asarray(reward_fn(batch.prompts, completions, **batch.fields), np.float32)
+
+
+@dataclasses.dataclass(frozen=True)
+class Sampler:
+    """Generation with fixed static settings; `params` and `lora` are traced arguments."""
+
+    model_config: Any
+    max_new_tokens: int
+    eos_token_ids: tuple[int, ...]
+    pad_token_id: int
+
+    def __call__(
+        self,
+        params: Any,
+        tokens: Any,
+        mask: Any,
+        key: jax.Array,
+        *,
+        lora: Any = None,
+        greedy: bool = True,
+        temperature: float = 1.0,
+    ):
+        return generate_jit(
+            params,
+            self.model_config,
+            tokens,
+            mask,
+            key,
+            max_new_tokens=self.max_new_tokens,
+            temperature=float(temperature),
+            greedy=bool(greedy),
+            lora=lora,
+            eos_token_ids=self.eos_token_ids,
+            pad_token_id=self.pad_token_id,
+        )
+
+
+def _padded_chunks(n: int, batch_size: int) -> list[np.ndarray]:
+    """Index chunks of exactly `batch_size` (the last one padded with index 0): one compile."""
+    chunks = []
+    for start in range(0, n, batch_size):
+        idx = np.arange(start, min(start + batch_size, n))
+        chunks.append(np.concatenate([idx, np.zeros(batch_size - len(idx), np.int64)]))
+    return chunks
+
+
+def generate_all(
+    sampler: Sampler,
+    tokenizer: Any,
+    params: Any,
+    data: PromptSet,
+    key: jax.Array,
+    *,
+    batch_size: int,
+    lora: Any = None,
+    greedy: bool = True,
+    temperature: float = 1.0,
+) -> tuple[list[str], int]:
+    """Completions of every prompt of `data` (in order) and the number of generated tokens."""
+    batch_size = min(batch_size, len(data))
+    completions: list[str] = []
+    tokens = 0
+    for c, idx in enumerate(_padded_chunks(len(data), batch_size)):
+        real = len(data) - c * batch_size
+        out = sampler(
+            params,
+            data.tokens[idx],
+            data.mask[idx],
+            jax.random.fold_in(key, c),
+            lora=lora,
+            greedy=greedy,
+            temperature=temperature,
+        )
+        lengths = np.asarray(out.lengths)[: min(real, batch_size)]
+        completions += decode_completions(tokenizer, np.asarray(out.tokens), lengths)
+        tokens += int(lengths.sum())
+    return completions, tokens
+
+
+def heldout_accuracy(
+    sampler: Sampler,
+    tokenizer: Any,
+    reward_fn: Callable[..., list[float]],
+    params: Any,
+    data: PromptSet,
+    *,
+    batch_size: int,
+    lora: Any = None,
+) -> dict[str, float]:
+    """Greedy accuracy on `data`: {acc, correct, n, ci_low, ci_high, tokens} (95% Wilson CI).
+
+    A problem counts as correct when its reward is >= 1 (the 1.0 / 0.0 verifiable rewards).
+    """
+    completions, tokens = generate_all(
+        sampler, tokenizer, params, data, jax.random.PRNGKey(0), batch_size=batch_size, lora=lora
+    )
+    rewards = score(reward_fn, data, completions)
+    correct = int(np.sum(rewards >= 1.0))
+    n = len(data)
+    lo, hi = wilson_interval(correct, n)
+    return {
+        "acc": correct / n,
+        "correct": correct,
+        "n": n,
+        "ci_low": lo,
+        "ci_high": hi,
+        "reward": float(rewards.mean()),
+        "eval_tokens": tokens,
+    }
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k from n samples with c correct: 1 - C(n-c, k) / C(n, k) (Chen et al. 2021)."""
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def heldout_pass_at_k(
+    sampler: Sampler,
+    tokenizer: Any,
+    reward_fn: Callable[..., list[float]],
+    params: Any,
+    data: PromptSet,
+    key: jax.Array,
+    *,
+    samples: int,
+    ks: Sequence[int],
+    batch_size: int,
+    temperature: float = 1.0,
+    lora: Any = None,
+) -> dict[str, float]:
+    """Mean pass@k over the problems of `data`, `samples` samples each at `temperature`."""
+    rep = data.repeat(samples)
+    completions, tokens = generate_all(
+        sampler,
+        tokenizer,
+        params,
+        rep,
+        key,
+        batch_size=batch_size,
+        lora=lora,
+        greedy=False,
+        temperature=temperature,
+    )
+    correct = (score(reward_fn, rep, completions) >= 1.0).reshape(len(data), samples).sum(1)
+    out = {f"pass_at_{k}": float(np.mean([pass_at_k(samples, int(c), k) for c in correct]))
+           for k in ks}
+    out["pass_samples"] = samples
+    out["pass_problems"] = len(data)
+    out["pass_tokens"] = tokens
+    return out

@@ -1,0 +1,106 @@
+"""The end of a run: summary table (printed + summary.json) and PNG plots against wall-clock."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from typing import Any
+
+SUMMARY_FILE = "summary.json"
+
+
+def make_summary(config, meta: dict, final: dict, pass_k: dict) -> dict[str, Any]:
+    """Held-out accuracy before (SFT) / after with n and 95% CI, wall-clock, tokens, pass@k."""
+    sft = meta["sft_eval"]
+    train_rows = [r for r in meta["history"] if r["phase"] == "train"]
+    out = {
+        "method": config.method,
+        "model": config.model.path,
+        "task": config.task.name,
+        "heldout_n": final["n"],
+        "sft_heldout_acc": sft["acc"],
+        "sft_heldout_ci": [sft["ci_low"], sft["ci_high"]],
+        "final_heldout_acc": final["acc"],
+        "final_heldout_ci": [final["ci_low"], final["ci_high"]],
+        "steps": train_rows[-1]["step"] if train_rows else 0,
+        "sft_seconds": meta["sft_seconds"],
+        "train_wall_seconds": meta["wall_s"],
+        "generated_tokens": meta["tokens"],
+    }
+    if meta.get("base_eval"):
+        out["base_heldout_acc"] = meta["base_eval"]["acc"]
+    out.update(pass_k)
+    return out
+
+
+def format_summary(s: dict[str, Any]) -> str:
+    def ci(c: Sequence[float]) -> str:
+        return f"[{c[0]:.3f}, {c[1]:.3f}]"
+
+    rows = [
+        ("method", s["method"]),
+        ("model / task", f"{s['model']} / {s['task']}"),
+        ("held-out problems (n)", str(s["heldout_n"])),
+        ("held-out acc, SFT (before)", f"{s['sft_heldout_acc']:.3f}  95% CI {ci(s['sft_heldout_ci'])}"),
+        (
+            "held-out acc, final (after)",
+            f"{s['final_heldout_acc']:.3f}  95% CI {ci(s['final_heldout_ci'])}",
+        ),
+        ("steps", str(s["steps"])),
+        ("SFT seconds", f"{s['sft_seconds']:.1f}"),
+        ("training wall-clock seconds", f"{s['train_wall_seconds']:.1f}"),
+        ("generated tokens", str(s["generated_tokens"])),
+    ]
+    if "base_heldout_acc" in s:
+        rows.insert(3, ("held-out acc, base model", f"{s['base_heldout_acc']:.3f}"))
+    rows += [(k.replace("_", "@", 1).replace("pass@at_", "pass@"), f"{v:.3f}")
+             for k, v in s.items() if k.startswith("pass_at_")]
+    w = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k.ljust(w)}  {v}" for k, v in rows)
+
+
+def write_summary(workdir: str, summary: dict[str, Any], *, verbose: bool = True) -> str:
+    path = os.path.join(workdir, SUMMARY_FILE)
+    with open(path, "w") as f:
+        json.dump(summary, f, indent=2)
+        f.write("\n")
+    if verbose:
+        print("\n" + format_summary(summary) + f"\n(written to {path})", flush=True)
+    return path
+
+
+def plot_run(workdir: str, history: list[dict[str, Any]], title: str = "") -> str:
+    """reward and held-out accuracy against loop wall-clock -> `<workdir>/curves.png`."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    train = [r for r in history if r["phase"] == "train"]
+    ev = [r for r in history if r["phase"] == "eval"]
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
+    axes[0].plot([r["wall_s"] for r in train], [r["reward"] for r in train], lw=1)
+    axes[0].set(xlabel="wall-clock (s)", ylabel="train reward (mean)", title="reward")
+    if ev:
+        x = [r["wall_s"] for r in ev]
+        axes[1].errorbar(
+            x,
+            [r["acc"] for r in ev],
+            yerr=[
+                [r["acc"] - r["ci_low"] for r in ev],
+                [r["ci_high"] - r["acc"] for r in ev],
+            ],
+            marker="o",
+            capsize=3,
+        )
+    axes[1].set(xlabel="wall-clock (s)", ylabel="held-out accuracy", title="held-out (95% CI)")
+    for ax in axes:
+        ax.grid(alpha=0.3)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    path = os.path.join(workdir, "curves.png")
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

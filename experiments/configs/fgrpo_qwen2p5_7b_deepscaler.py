@@ -1,0 +1,55 @@
+"""F-GRPO, paper setting: Qwen2.5-7B on DeepScaleR (arXiv 2602.06717, Sec. 5).
+
+    python -m essa_jax.main --config experiments/configs/fgrpo_qwen2p5_7b_deepscaler.py \
+        --workdir runs/fgrpo_deepscaler --config.model.path=/ckpt/Qwen2.5-7B \
+        --config.task.path=/data/deepscaler/train.jsonl
+
+Paper: beta = 0, clip 0.2 / 0.2 (DAPO 0.2 / 0.28: --config.grpo.eps_high=0.28; CISPO:
+--config.grpo.loss=cispo --config.grpo.eps_low=1.0 --config.grpo.eps_high=5.0), token-mean,
+AdamW lr 1e-6, wd 0.01, grad clip 1.0, N = 8, temperature 1.0, gamma in {0.5, 1, 2} (0.5 best).
+Reported (math average pass@1 / pass@256): GRPO 37.3 / 64.1 -> F-GRPO 38.6 / 70.3.
+The paper fine-tunes all weights; here a high-rank LoRA (use_rslora-style scale) stands in.
+"""
+
+from essa_jax.config import UNSET, base_config
+
+
+def get_config():
+    c = base_config()
+    c.method = "fgrpo"
+    c.model.path = UNSET  # /path/to/Qwen2.5-7B
+    c.model.dtype = "bfloat16"
+    c.task.name = "deepscaler"
+    c.task.path = UNSET  # /path/to/DeepScaleR-Preview-Dataset (problem, answer, solution)
+    c.task.prompt_format = "boxed"
+    c.task.num_train = 40000
+    c.task.num_heldout = 500
+    c.task.max_prompt_tokens = 512
+    c.lora.rank = 64
+    c.lora.alpha = 128.0
+    c.lora.targets = ("q", "k", "v", "o", "gate", "up", "down")
+    c.sft.steps = 100
+    c.sft.batch_size = 16
+    c.sft.learning_rate = 1e-4
+    c.grpo.steps = 500
+    c.grpo.batch_size = 512  # 64 prompts x N = 8
+    c.grpo.group_size = 8
+    c.grpo.learning_rate = 1e-6
+    c.grpo.weight_decay = 0.01
+    c.grpo.max_grad_norm = 1.0
+    c.grpo.loss = "grpo"
+    c.grpo.eps_low = 0.2
+    c.grpo.eps_high = 0.2
+    c.grpo.agg = "token_mean"
+    c.grpo.adv_scale = "group"
+    c.grpo.focal_gamma = 0.5
+    c.grpo.beta = 0.0
+    c.grpo.temperature = 1.0
+    c.generation.max_new_tokens = 4096
+    c.eval.every = 25
+    c.eval.pass_k_samples = 256
+    c.eval.pass_k = (1, 8, 64, 256)
+    c.eval.pass_k_problems = 100
+    c.eval.batch_size = 256
+    c.checkpoint.every = 25
+    return c

@@ -1,0 +1,128 @@
+"""Communication accounting: the HLO count of compiled collectives equals the count by construction."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import AxisType, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from essa_jax.scaling import comm
+
+
+def _mesh(n):
+    return jax.make_mesh((n,), ("population",), axis_types=(AxisType.Auto,))
+
+
+@pytest.mark.parametrize("n_dev,pop", [(8, 96), (4, 24), (2, 8)])
+def test_fitness_gather_hlo_equals_construction(n_dev, pop):
+    mesh = _mesh(n_dev)
+
+    def gather(f):
+        return jax.lax.all_gather(f, "population", tiled=True)
+
+    fn = jax.jit(
+        jax.shard_map(gather, mesh=mesh, in_specs=P("population"), out_specs=P(), check_vma=False)
+    )
+    got = comm.hlo_collectives(fn, jax.ShapeDtypeStruct((pop,), jnp.float32))
+    want = comm.essa_generation_bytes(pop, n_dev)
+    assert [c.kind for c in got] == ["all-gather"]
+    assert got[0].group_size == n_dev
+    assert got[0].payload_bytes == want.payload_bytes == 4 * pop
+    assert got[0].wire_bytes_per_device == pytest.approx(want.wire_bytes_per_device)
+    assert want.wire_bytes_per_device == pytest.approx(4 * pop * (n_dev - 1) / n_dev)
+
+
+def test_replicating_a_sharded_fitness_is_one_allgather():
+    # The GSPMD route (jit with a replicated out_sharding) must also move only P floats.
+    mesh = _mesh(8)
+    x = jax.device_put(jnp.arange(96.0), NamedSharding(mesh, P("population")))
+    fn = jax.jit(lambda a: a * 2.0, out_shardings=NamedSharding(mesh, P()))
+    s = comm.count_collectives(fn, x)
+    assert s.num_ops == 1 and s.by_kind == {"all-gather": 96 * 4.0}
+
+
+def test_gradient_allreduce_of_known_pytree():
+    mesh = _mesh(8)
+    # A LoRA-like gradient pytree: 2 layers, rank 4, q (16 -> 16) and v (16 -> 8) factors.
+    grads = {
+        "q": {"a": jnp.zeros((2, 4, 16)), "b": jnp.zeros((2, 16, 4))},
+        "v": {"a": jnp.zeros((2, 4, 16)), "b": jnp.zeros((2, 8, 4))},
+    }
+    nbytes = comm.tree_bytes(grads)
+    assert nbytes == 4 * (2 * 4 * 16 + 2 * 16 * 4 + 2 * 4 * 16 + 2 * 8 * 4)
+
+    def local_grad(per_shard_batch, g):
+        # Data-parallel: each device holds a gradient, the mean is a psum over the axis.
+        del per_shard_batch
+        return jax.tree.map(lambda a: jax.lax.psum(a, "population") / 8, g)
+
+    fn = jax.jit(
+        jax.shard_map(
+            local_grad,
+            mesh=mesh,
+            in_specs=(P("population"), P()),
+            out_specs=P(),
+            check_vma=False,
+        )
+    )
+    got = comm.count_collectives(fn, jnp.zeros((8, 3)), grads)
+    want = comm.grpo_step_bytes(nbytes, 8)
+    assert set(got.by_kind) == {"all-reduce"}
+    assert got.payload_bytes == want.payload_bytes == nbytes
+    assert got.wire_bytes_per_device == pytest.approx(want.wire_bytes_per_device)
+    assert want.wire_bytes_per_device == pytest.approx(2 * 7 / 8 * nbytes)
+
+
+def test_reduce_scatter_permute_all_to_all_sizes():
+    mesh = _mesh(8)
+
+    def k(x):
+        a = jax.lax.psum_scatter(x, "population", tiled=True)
+        b = jax.lax.ppermute(x, "population", [(i, (i + 1) % 8) for i in range(8)])
+        c = jax.lax.all_to_all(x, "population", 0, 0, tiled=True)
+        return a, b, c
+
+    fn = jax.jit(jax.shard_map(k, mesh=mesh, in_specs=P("population"), out_specs=P("population")))
+    got = {c.kind: c for c in comm.hlo_collectives(fn, jax.ShapeDtypeStruct((128,), jnp.float32))}
+    local = 16 * 4  # bytes of each device's [16] f32 shard
+    assert got["reduce-scatter"].payload_bytes == local
+    assert got["reduce-scatter"].wire_bytes_per_device == pytest.approx(7 / 8 * local)
+    assert got["collective-permute"].payload_bytes == local
+    assert got["collective-permute"].num_pairs == 8
+    assert got["collective-permute"].wire_bytes_per_device == local
+    assert got["all-to-all"].payload_bytes == local
+    assert got["all-to-all"].wire_bytes_per_device == pytest.approx(7 / 8 * local)
+
+
+def test_parse_async_and_iota_groups():
+    # GPU-style async collectives and iota replica groups: count the -done half once.
+    text = "\n".join(
+        [
+            "  %ags = (bf16[4,8]{1,0}, bf16[16,8]{1,0}) all-gather-start(%p), channel_id=1, "
+            "replica_groups=[2,4]<=[8], dimensions={0}",
+            "  %agd = bf16[16,8]{1,0} all-gather-done(%ags)",
+            "  %ar = f32[10]{0} all-reduce-done(%ars)",
+            "  %ars = f32[10]{0} all-reduce-start(%q), replica_groups={{0,1},{2,3}}, to_apply=%add",
+            "  %use = f32[10]{0} add(%all-reduce.1, %all-gather.2)",
+        ]
+    )
+    got = comm.parse_collectives(text, num_devices=8)
+    assert [(c.kind, c.payload_bytes) for c in got] == [("all-gather", 256.0), ("all-reduce", 40.0)]
+    # Groups come from the -start half: iota [2,4] -> 4 devices, {{0,1},{2,3}} -> 2.
+    assert got[0].group_size == 4 and got[0].wire_bytes_per_device == pytest.approx(3 / 4 * 256)
+    assert got[1].group_size == 2 and got[1].wire_bytes_per_device == pytest.approx(40.0)
+
+
+def test_construction_counts_and_errors():
+    e = comm.essa_generation_bytes(96, 16, seed_bytes=8)
+    assert e.payload_bytes == 96 * 12
+    assert comm.essa_generation_bytes(96, 1).wire_bytes_per_device == 0.0
+    g = comm.grpo_step_bytes(1000.0, 4, updates_per_step=3, weight_sync_bytes=500.0)
+    assert g.payload_bytes == 3500.0
+    assert g.wire_bytes_per_device == pytest.approx(3 * 2 * 3 / 4 * 1000 + 3 / 4 * 500)
+    with pytest.raises(ValueError, match="num_devices"):
+        comm.essa_generation_bytes(96, 0)
+    with pytest.raises(ValueError, match="kind"):
+        comm.ring_wire_bytes("broadcast", 1.0, 2)
+    assert comm.tree_bytes({"x": np.zeros((3, 2), np.float16)}) == 12

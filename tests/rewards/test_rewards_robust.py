@@ -1,0 +1,133 @@
+"""Rewards never crash a run: failures and time-outs score 0.0 and are counted."""
+
+import threading
+import time
+
+import pytest
+
+from essa_jax.rewards import (
+    VERIFY_STATS,
+    RewardTimeoutError,
+    answers_match,
+    call_with_timeout,
+    combine_rewards,
+    format_reward,
+    guard_reward,
+    math_reward,
+)
+from essa_jax.rewards import verify as verify_mod
+
+
+def _spin(seconds):
+    """Pure-Python busy loop (what a hung sympy computation looks like to the interpreter)."""
+    end = time.monotonic() + seconds
+    x = 0
+    while time.monotonic() < end:
+        x += 1
+    return x
+
+
+def fragile_reward(prompts, completions, answer, **_):
+    out = []
+    for c, a in zip(completions, answer, strict=True):
+        if c == "boom":
+            raise RuntimeError("cannot score this one")
+        if c == "hang":
+            _spin(30.0)
+        out.append(1.0 if c == a else 0.0)
+    return out
+
+
+def test_raising_completion_scores_zero_and_is_counted():
+    g = guard_reward(fragile_reward, timeout_s=2.0)
+    scores = g(["p"] * 4, ["1", "boom", "2", "3"], answer=["1", "1", "2", "4"])
+    assert scores == [1.0, 0.0, 1.0, 0.0]
+    assert g.stats.calls == 4
+    assert g.stats.failures == 1 and g.stats.timeouts == 0
+    assert g.stats.errors["RuntimeError"] == 1
+    assert "cannot score" in g.stats.last_error
+
+
+def test_hanging_completion_times_out_main_thread():
+    g = guard_reward(fragile_reward, timeout_s=0.2)
+    t0 = time.monotonic()
+    scores = g(["p"] * 3, ["1", "hang", "2"], answer=["1", "1", "2"])
+    elapsed = time.monotonic() - t0
+    assert scores == [1.0, 0.0, 1.0]
+    assert g.stats.timeouts == 1 and g.stats.failures == 0
+    assert elapsed < 10.0  # 30 s of spinning was interrupted (bound is 0.6 s batch + 0.2 s item)
+
+
+def test_timeout_in_worker_thread():
+    out = {}
+
+    def work():
+        g = guard_reward(fragile_reward, timeout_s=0.2)
+        out["scores"] = g(["p"] * 2, ["hang", "2"], answer=["1", "2"])
+        out["timeouts"] = g.stats.timeouts
+
+    t = threading.Thread(target=work)
+    t.start()
+    t.join(20.0)
+    assert not t.is_alive()
+    assert out == {"scores": [0.0, 1.0], "timeouts": 1}
+
+
+def test_nested_timeouts_inner_and_outer():
+    def inner():
+        return call_with_timeout(_spin, 0.1, 5.0)
+
+    with pytest.raises(RewardTimeoutError):
+        call_with_timeout(inner, 5.0)
+    # The outer bound fires while the inner (longer) one is still running.
+    with pytest.raises(RewardTimeoutError):
+        call_with_timeout(lambda: call_with_timeout(_spin, 5.0, 5.0), 0.1)
+    assert call_with_timeout(lambda: call_with_timeout(sum, 1.0, [1, 2]), 1.0) == 3
+    # Exceptions pass through unchanged.
+    with pytest.raises(KeyError):
+        call_with_timeout(lambda: {}["x"], 1.0)
+
+
+def test_answers_match_symbolic_timeout_is_a_counted_nonmatch(monkeypatch):
+    monkeypatch.setattr(verify_mod, "_symbolic_match", lambda p, r: _spin(30.0) > 0)
+    before = VERIFY_STATS.timeouts
+    assert answers_match(r"x^{2}", r"x^2+0", timeout_s=0.1) is False
+    assert VERIFY_STATS.timeouts == before + 1
+    # The numeric fast path never reaches math-verify.
+    assert answers_match("1,000", "1000", timeout_s=0.1) is True
+    assert VERIFY_STATS.timeouts == before + 1
+
+
+def test_non_finite_and_wrong_length_rewards():
+    g = guard_reward(lambda p, c, **_: [float("nan")] * len(c))
+    assert g(["a", "b"], ["1", "2"]) == [0.0, 0.0]
+    assert g.stats.failures == 2
+    short = guard_reward(lambda p, c, **_: [1.0])
+    assert short(["a", "b"], ["1", "2"]) == [1.0, 1.0]  # rescored item by item
+    bad = guard_reward(lambda p, c, **_: ["x"])
+    assert bad(["a"], ["1"]) == [0.0]
+    assert bad.stats.failures == 1
+
+
+def test_combine_rewards_weights_and_components():
+    r = combine_rewards([(math_reward, 1.0), (format_reward, 0.5), (fragile_reward, 2.0)])
+    comps = [r"\boxed{3}", "3", "boom"]
+    fields = {"answer": ["3", "3", "boom"]}
+    parts = r.components(["p"] * 3, comps, **fields)
+    assert parts == {
+        "math_reward": [1.0, 1.0, 0.0],
+        "format_reward": [1.0, 0.0, 0.0],
+        "fragile_reward": [0.0, 1.0, 0.0],
+    }
+    assert r(["p"] * 3, comps, **fields) == [1.5, 3.0, 0.0]
+    # Two calls (components, then __call__), one failing completion each.
+    assert r.stats["fragile_reward"].failures == 2
+    assert r.stats["fragile_reward"].calls == 6
+    assert r.combine(parts) == [1.5, 3.0, 0.0]
+
+
+def test_combine_rewards_rejects_bad_parts():
+    with pytest.raises(ValueError, match="pair"):
+        combine_rewards([math_reward])
+    with pytest.raises(ValueError, match="at least one"):
+        combine_rewards([])
