@@ -11,7 +11,7 @@ import argparse
 import subprocess
 import sys
 
-SECTIONS = ("model", "population", "strategies", "grpo", "scaling")
+SECTIONS = ("model", "population", "strategies", "grpo", "rewards", "scaling")
 
 
 def main() -> None:

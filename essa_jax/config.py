@@ -332,6 +332,13 @@ def validate_config(config, num_devices: int | None = None) -> None:
         _check_choice("grpo.adv_scale", g.adv_scale, ADV_SCALES)
         _check_positive("grpo.focal_gamma", g.focal_gamma, allow_zero=True)
         _check_positive("grpo.beta", g.beta, allow_zero=True)
+        if config.method in ("grpo", "svdgrpo") and g.focal_gamma != 0:
+            raise ConfigError(
+                "grpo.focal_gamma",
+                g.focal_gamma,
+                f"0 for method {config.method!r}",
+                "focal weights make it F-GRPO: use --config.method=fgrpo",
+            )
         if config.method == "fgrpo" and g.focal_gamma == 0:
             raise ConfigError(
                 "grpo.focal_gamma", 0.0, "> 0 for method 'fgrpo' (0 is plain GRPO)", "e.g. 0.5"

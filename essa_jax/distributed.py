@@ -428,6 +428,23 @@ def replicate(x: Any, mesh: Any) -> Any:
     return jax.jit(lambda a: a, out_shardings=NamedSharding(mesh, PartitionSpec()))(x)
 
 
+def host_to_global(tree: Any, mesh: Any, spec: Any = None) -> Any:
+    """Every leaf of a pytree that each process holds identically (same value everywhere: the
+    shared ESSA state, a population regenerated from the shared key, replicated weights) as a
+    global jax.Array over `mesh` with PartitionSpec `spec` (default: replicated). No data moves
+    between processes: each process fills its own devices' shards from its local copy."""
+    import jax
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    sharding = NamedSharding(mesh, PartitionSpec() if spec is None else spec)
+
+    def put(x: Any) -> Any:
+        host = np.asarray(x)
+        return jax.make_array_from_callback(host.shape, sharding, lambda idx: host[idx])
+
+    return jax.tree.map(put, tree)
+
+
 def local_population_slice(population_size: int) -> slice:
     """The members this process evaluates when P is split evenly over processes (process order)."""
     import jax

@@ -31,7 +31,12 @@ flags.mark_flags_as_required(["config", "workdir"])
 def main(argv: list[str]) -> int:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    from absl import logging
+
     from essa_jax.config import ConfigError, validate_config
+
+    if not flags.FLAGS["verbosity"].present:
+        logging.set_verbosity(logging.WARNING)  # orbax logs every checkpoint step at INFO
 
     config = _CONFIG.value
     try:

@@ -1,6 +1,7 @@
 """Tasks with verifiable answers: local HF `datasets` files, generated arithmetic, prompting.
 
-    load_examples(path, format="auto"|"gsm8k"|"math"|"generic", on_malformed=...) -> (examples, report)
+    load_examples(path, format="auto"|"gsm8k"|"math"|"generic", on_malformed=...)
+        -> (examples, report)
     generate_task("add_2d", num_train=..., num_eval=..., seed=...) -> (train, eval)
     load_task(config) -> Task(train, eval, prompt_format, reward, ...)
     split_train_eval(examples, eval_fraction, seed); init_cursor / next_batch (resumable batches)
@@ -74,6 +75,7 @@ __all__ = [
     "next_batch",
     "next_batch_indices",
     "normalise_rows",
+    "prompt_token_ids",
     "read_rows",
     "split_train_eval",
 ]

@@ -126,7 +126,9 @@ class _MixedSpace:
 
     def __init__(self, task: str, level: int):
         if level not in _MIXED_LEVELS:
-            raise ValueError(f"arith_mixed level {level} is not valid; valid: {sorted(_MIXED_LEVELS)}")
+            raise ValueError(
+                f"arith_mixed level {level} is not valid; valid: {sorted(_MIXED_LEVELS)}"
+            )
         self.task, self.cfg = task, _MIXED_LEVELS[level]
 
     def sample(self, rng: np.random.Generator) -> tuple[str, dict[str, Any]]:
@@ -231,4 +233,3 @@ def generate_arithmetic(
         raise ValueError(f"num_train and num_eval must be >= 0, got {num_train}, {num_eval}")
     problems = draw_unique(space, num_train + num_eval, seed, name)
     return problems[num_eval:], problems[:num_eval]
-

@@ -92,9 +92,7 @@ def next_batch_indices(cursor: Cursor, batch_size: int) -> tuple[np.ndarray, Cur
     return np.concatenate(out), new
 
 
-def next_batch(
-    examples: Sequence[T], cursor: Cursor, batch_size: int
-) -> tuple[list[T], Cursor]:
+def next_batch(examples: Sequence[T], cursor: Cursor, batch_size: int) -> tuple[list[T], Cursor]:
     """The next mini-batch of `examples` and the advanced cursor (pure: the input is unchanged)."""
     _as_cursor(cursor, len(examples))
     idx, new = next_batch_indices(cursor, batch_size)

@@ -11,9 +11,9 @@ Formats (`format=`):
 - "auto": "math" when there is a `problem` column, "gsm8k" when `question`/`answer` answers carry
   "####", else "generic".
 
-Files: `.jsonl`, `.json` (list of rows, or an object with one list of rows), `.parquet`, `.csv`, or a
-folder written by `Dataset.save_to_disk` / `DatasetDict.save_to_disk` (pick `split`). Everything is
-local; set HF_DATASETS_OFFLINE=1 to be sure nothing is fetched.
+Files: `.jsonl`, `.json` (list of rows, or an object with one list of rows), `.parquet`, `.csv`,
+or a folder written by `Dataset.save_to_disk` / `DatasetDict.save_to_disk` (pick `split`).
+Everything is local; set HF_DATASETS_OFFLINE=1 to be sure nothing is fetched.
 
 A normalised example is a dict with `id` (str), `question` (str), `prompt` (= question, the
 docs/INTERFACES.md name), `answer` (str, non-empty) and `solution` (str) when the source has one,
@@ -130,9 +130,7 @@ def read_rows(
         )
     kwargs = {"cache_dir": cache_dir} if cache_dir else {}
     try:
-        ds = datasets.load_dataset(
-            builders[suffix], data_files=str(path), split="train", **kwargs
-        )
+        ds = datasets.load_dataset(builders[suffix], data_files=str(path), split="train", **kwargs)
     except Exception as e:
         if builders[suffix] != "json":
             raise
@@ -230,7 +228,7 @@ def _normalise(row: Any, fmt: str, fields: dict[str, str | None]) -> dict[str, A
 
 
 def detect_format(rows: Sequence[Any]) -> str:
-    """"math" with a `problem` column, "gsm8k" when `answer`s carry "####", else "generic"."""
+    """ "math" with a `problem` column, "gsm8k" when `answer`s carry "####", else "generic"."""
     sample = [r for r in rows[:50] if isinstance(r, dict)]
     if any("problem" in r for r in sample):
         return "math"

@@ -160,9 +160,7 @@ class TruncationReport:
             return f"all prompts fit in {self.limit} tokens (longest {self.max_length})"
         shown = ", ".join(f"{i} ({n})" for i, n in zip(self.ids[:5], self.lengths, strict=False))
         more = f" and {self.count - 5} more" if self.count > 5 else ""
-        return (
-            f"{self.count} prompts exceed {self.limit} tokens ({self.action}): {shown}{more}"
-        )
+        return f"{self.count} prompts exceed {self.limit} tokens ({self.action}): {shown}{more}"
 
 
 def encode_prompts(

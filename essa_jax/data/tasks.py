@@ -15,8 +15,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from .batching import split_train_eval
-from .generated import is_generated_task
 from .generated import generate_task as _generate
+from .generated import is_generated_task
 from .loading import LoadReport, load_examples
 from .prompts import PROMPT_FORMATS
 

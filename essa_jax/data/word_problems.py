@@ -15,8 +15,28 @@ from typing import Any
 
 import numpy as np
 
-NAMES = ("Ava", "Ben", "Chloe", "Dev", "Emma", "Farid", "Grace", "Hugo", "Iris", "Jonas", "Kira",
-         "Liam", "Maya", "Noah", "Olga", "Priya", "Quinn", "Ravi", "Sofia", "Tom")
+NAMES = (
+    "Ava",
+    "Ben",
+    "Chloe",
+    "Dev",
+    "Emma",
+    "Farid",
+    "Grace",
+    "Hugo",
+    "Iris",
+    "Jonas",
+    "Kira",
+    "Liam",
+    "Maya",
+    "Noah",
+    "Olga",
+    "Priya",
+    "Quinn",
+    "Ravi",
+    "Sofia",
+    "Tom",
+)
 ITEMS = ("apples", "stickers", "marbles", "pencils", "cards", "shells", "coins", "books")
 
 
@@ -34,7 +54,9 @@ Template = Callable[[np.random.Generator], tuple[str, dict[str, int], Fraction]]
 def _buy_more(rng):
     name, item = _pick(rng, NAMES), _pick(rng, ITEMS)
     q = {"a": _int(rng, 5, 90), "b": _int(rng, 2, 60)}
-    text = f"{name} has {q['a']} {item} and gets {q['b']} more. How many {item} does {name} have now?"
+    text = (
+        f"{name} has {q['a']} {item} and gets {q['b']} more. How many {item} does {name} have now?"
+    )
     return text, q, Fraction(q["a"] + q["b"])
 
 
@@ -144,7 +166,7 @@ TEMPLATES: dict[int, dict[str, Template]] = {
 
 
 def format_fraction(x: Fraction) -> str:
-    """"12" for whole numbers, "p/q" otherwise (a form `answers_match` compares exactly)."""
+    """ "12" for whole numbers, "p/q" otherwise (a form `answers_match` compares exactly)."""
     return str(x.numerator) if x.denominator == 1 else f"{x.numerator}/{x.denominator}"
 
 
@@ -155,7 +177,9 @@ class WordProblemSpace:
 
     def __init__(self, task: str, level: int | None):
         if level is not None and level not in TEMPLATES:
-            raise ValueError(f"word_problems level {level} is not valid; valid: {sorted(TEMPLATES)}")
+            raise ValueError(
+                f"word_problems level {level} is not valid; valid: {sorted(TEMPLATES)}"
+            )
         self.task = task
         levels = [level] if level is not None else sorted(TEMPLATES)
         self.templates = [(lvl, name, fn) for lvl in levels for name, fn in TEMPLATES[lvl].items()]

@@ -78,15 +78,15 @@ def evaluate(
     failure counts.
     """
     if len(examples) != len(prompt_token_ids):
-        raise ValueError(
-            f"{len(examples)} examples but {len(prompt_token_ids)} prompt token lists"
-        )
+        raise ValueError(f"{len(examples)} examples but {len(prompt_token_ids)} prompt token lists")
     if not examples:
         raise ValueError("evaluate needs at least one example")
     if not greedy and num_samples <= 0:
         raise ValueError("nothing to evaluate: greedy=False and num_samples=0")
     if num_samples < 0 or batch_size <= 0:
-        raise ValueError(f"num_samples must be >= 0 and batch_size > 0 ({num_samples}, {batch_size})")
+        raise ValueError(
+            f"num_samples must be >= 0 and batch_size > 0 ({num_samples}, {batch_size})"
+        )
     reward = guard_reward(reward_fn, timeout_s=reward_timeout_s)
     texts = list(prompts) if prompts is not None else [str(e["question"]) for e in examples]
     num_problems = len(examples)

@@ -58,17 +58,22 @@ def wilson_interval(successes: int, n: int, z: float = Z95) -> tuple[float, floa
     Better than the normal interval near 0 and 1 and for small n (it never leaves [0, 1]).
     """
     if n <= 0 or not 0 <= successes <= n:
-        raise ValueError(f"wilson_interval needs 0 <= successes <= n and n > 0, got {successes}/{n}")
+        raise ValueError(
+            f"wilson_interval needs 0 <= successes <= n and n > 0, got {successes}/{n}"
+        )
     p = successes / n
     z2 = z * z
     denom = 1.0 + z2 / n
     centre = (p + z2 / (2 * n)) / denom
     half = z * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n)) / denom
-    return max(0.0, centre - half), min(1.0, centre + half)
+    # At 0 and n successes the endpoints are exactly 0 and 1 (avoid 0.9999999999999999).
+    low = 0.0 if successes == 0 else max(0.0, centre - half)
+    high = 1.0 if successes == n else min(1.0, centre + half)
+    return low, high
 
 
 def mean_interval(values: Sequence[float], z: float = Z95) -> tuple[float, float]:
-    """Normal-approximation interval of a mean over problems (e.g. avg@k): mean +- z * s / sqrt(P)."""
+    """Normal-approximation interval of a mean over P problems (e.g. avg@k): mean +- z s/sqrt(P)."""
     v = np.asarray(values, dtype=np.float64)
     if v.size == 0:
         raise ValueError("mean_interval needs at least one value")

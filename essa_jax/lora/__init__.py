@@ -49,4 +49,5 @@ __all__ = [
     "sft_genome",
     "svd_factorize",
     "svd_lora_to_lora",
+    "target_shape",
 ]

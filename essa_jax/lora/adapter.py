@@ -47,8 +47,8 @@ def init_lora(
 ) -> dict[str, LoRA]:
     """Fresh adapters with PEFT's default initialisation.
 
-    A ~ kaiming_uniform(a=sqrt(5)) as torch.nn.Linear, i.e. U(-1/sqrt(in), 1/sqrt(in)); B = 0, so the
-    adapted model equals the base model at step 0 (PEFT `init_lora_weights=True`).
+    A ~ kaiming_uniform(a=sqrt(5)) as torch.nn.Linear, i.e. U(-1/sqrt(in), 1/sqrt(in)); B = 0, so
+    the adapted model equals the base model at step 0 (PEFT `init_lora_weights=True`).
 
     Returns: `{target: LoRA(a [L, r, in], b [L, out, r])}` for every target of `lora_config`.
     """
@@ -72,7 +72,7 @@ def init_lora(
 
 
 def check_lora_matches(params: dict, lora: dict[str, Any]) -> None:
-    """Raise ValueError if an adapter's target or shapes do not fit `params` (kernels [L, in, out])."""
+    """Raise ValueError if an adapter's target or shapes do not fit `params` ([L, in, out])."""
     layers = params["layers"]
     for t, ad in lora.items():
         if t not in layers or "kernel" not in layers[t]:

@@ -1,8 +1,8 @@
 """LoRA configuration: which projections are adapted, with what rank and scale.
 
 The target names are the model's projection names (see docs/INTERFACES.md); their shapes follow from
-the `ModelConfig` (any object with the fields `hidden_size, intermediate_size, num_layers, num_heads,
-num_kv_heads, head_dim`).
+the `ModelConfig` (any object with the fields `hidden_size, intermediate_size, num_layers,
+num_heads, num_kv_heads, head_dim`).
 """
 
 from __future__ import annotations
@@ -88,9 +88,9 @@ class LoraConfig:
         """Raise ValueError if the rank exceeds min(in, out) of any target of `model_config`."""
         for t in self.targets:
             fan_in, fan_out = target_shape(model_config, t)
-            if self.rank > min(fan_in, fan_out):
+            limit = min(fan_in, fan_out)
+            if self.rank > limit:
                 raise ValueError(
-                    f"LoraConfig.rank={self.rank} is larger than min(in, out)={min(fan_in, fan_out)} "
-                    f"of target {t!r} (in={fan_in}, out={fan_out}); valid ranks: "
-                    f"1..{min(fan_in, fan_out)}"
+                    f"LoraConfig.rank={self.rank} is larger than min(in, out)={limit} "
+                    f"of target {t!r} (in={fan_in}, out={fan_out}); valid ranks: 1..{limit}"
                 )

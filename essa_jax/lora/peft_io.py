@@ -7,8 +7,8 @@ are PEFT's for a `*ForCausalLM` wrapped by `PeftModel` (the adapter name is stri
     base_model.model.model.layers.{i}.self_attn.{q,k,v,o}_proj.lora_B.weight   [out, r]
     base_model.model.model.layers.{i}.mlp.{gate,up,down}_proj.lora_{A,B}.weight
 
-so an adapter trained here loads with `peft.PeftModel.from_pretrained` on the transformers model, and
-in serving engines that read PEFT adapters.
+so an adapter trained here loads with `peft.PeftModel.from_pretrained` on the transformers model,
+and in serving engines that read PEFT adapters.
 """
 
 from __future__ import annotations
@@ -57,8 +57,8 @@ def export_peft(
 ) -> Path:
     """Write `lora` as a PEFT adapter folder at `path`; returns the folder.
 
-    `lora_config` supplies r, lora_alpha and use_rslora; they must agree with the adapters' shapes and
-    scale (checked), so that PEFT rebuilds the same scale alpha / r.
+    `lora_config` supplies r, lora_alpha and use_rslora; they must agree with the adapters' shapes
+    and scale (checked), so that PEFT rebuilds the same scale alpha / r.
     """
     from safetensors.numpy import save_file
 

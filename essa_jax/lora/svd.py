@@ -14,9 +14,9 @@ diagonal scalings inside the low-rank path.
 
 Genome (our choice; the paper gives only its length): a flat vector of offsets added to the SFT
 singular values, so the zero genome is the SFT adapter. With alpha_frac < 1 only the
-k = ceil(alpha_frac * r) largest singular values of each factor are searched (the paper's alpha); the
-others stay at their SFT value. The order of the genome is target-major, then factor (A before B),
-then layer, then singular-value index (largest first):
+k = ceil(alpha_frac * r) largest singular values of each factor are searched (the paper's alpha);
+the others stay at their SFT value. The order of the genome is target-major, then factor
+(A before B), then layer, then singular-value index (largest first):
 
     genome = concat_t concat_{f in (A, B)} (offsets[t, f] of shape [L, k]).ravel()
 
@@ -61,7 +61,7 @@ class SVDLoRA:
     scale: float = flax.struct.field(pytree_node=False, default=1.0)
 
     def delta(self, x: jax.Array) -> jax.Array:
-        """scale * ((((x V_A) * s_A) M) * s_B) U_B^T for one layer: x `[N, ..., in]` -> `[N, ..., out]`.
+        """scale * ((((x V_A) * s_A) M) * s_B) U_B^T, one layer: x `[N, .., in]` -> `[N, .., out]`.
 
         Inside a layer, s is `[r]` (shared) or `[N, r]` (per row, broadcast over x's middle axes).
         """
@@ -221,8 +221,9 @@ def svd_factorize(lora: dict[str, LoRA], alpha_frac: float = 1.0) -> tuple[SVDBa
     """Thin SVD of each factor of each adapter (ESSA Eq. 2), computed on host in float64.
 
     Args:
-      lora: `{target: LoRA(a [L, r, in], b [L, out, r])}`, all with the same L and r (an SFT adapter;
-        a fresh one has B = 0, hence s_B = 0 and an arbitrary U_B: ESSA needs the SFT warm start).
+      lora: `{target: LoRA(a [L, r, in], b [L, out, r])}`, all with the same L and r (an SFT
+        adapter; a fresh one has B = 0, hence s_B = 0 and an arbitrary U_B: ESSA needs the SFT
+        warm start).
       alpha_frac: fraction of each factor's singular values in the genome (paper's alpha).
 
     Returns: (basis, layout); basis arrays have the adapters' dtype.

@@ -1,11 +1,11 @@
 """Rewards for verifiable tasks: answer extraction, equivalence, reward functions (maximised).
 
-    extract_answer(text, mode="auto") -> str | None     final answer as written
-    answers_match(predicted, reference) -> bool          numeric fast path, then math-verify
-    math_reward(prompts, completions, answer=[...])      1.0 / 0.0, "auto" extraction
-    arith_reward(prompts, completions, answer=[...])     1.0 / 0.0, first number (prefill format)
-    format_reward(prompts, completions)                  1.0 when a non-empty \\boxed{} is present
-    combine_rewards([(fn, w), ...]) / guard_reward(fn)   failures and timeouts -> 0.0, counted
+extract_answer(text, mode="auto") -> str | None     final answer as written
+answers_match(predicted, reference) -> bool          numeric fast path, then math-verify
+math_reward(prompts, completions, answer=[...])      1.0 / 0.0, "auto" extraction
+arith_reward(prompts, completions, answer=[...])     1.0 / 0.0, first number (prefill format)
+format_reward(prompts, completions)                  1.0 when a non-empty \\boxed{} is present
+combine_rewards([(fn, w), ...]) / guard_reward(fn)   failures and timeouts -> 0.0, counted
 """
 
 from .extraction import EXTRACTION_MODES, extract_answer, find_boxed, parse_number

@@ -10,8 +10,8 @@ completion is e.g. "79<|im_end|>" or "79\\n...", and the answer is the *first* n
 completion (`mode="first_number"`): whatever the model rambles on about afterwards does not count.
 
 `parse_number(s)` turns plain numeric answers ("1,234", "-3.5", "$5", "5 cm", "50%", "3/4",
-"\\frac{3}{4}") into an exact `fractions.Fraction`, or None when `s` is not a plain number; it is the
-fast path of `answers_match` (no sympy for the common case).
+"\\frac{3}{4}") into an exact `fractions.Fraction`, or None when `s` is not a plain number; it is
+the fast path of `answers_match` (no sympy for the common case).
 """
 
 from __future__ import annotations
@@ -108,7 +108,7 @@ def extract_answer(text: str, mode: str = "auto") -> str | None:
     if mode in ("auto", "boxed"):
         boxed = find_boxed(text)
         if boxed:
-            return _clean(boxed[-1])
+            return _clean(boxed[-1]) or None  # an empty box is no answer
         if mode == "boxed":
             return None
     if mode in ("auto", "hash"):
@@ -140,7 +140,9 @@ _FRAC_SHORT_RE = re.compile(r"^([-+]?)\\[dt]?frac(\d)(\d)$")
 _SLASH_RE = re.compile(r"^([-+]?\d+)\s*/\s*(\d+)$")
 _DECIMAL_RE = re.compile(r"^[-+]?(?:\d{1,3}(?:,\d{3})+|\d+|\d*(?=\.\d))(?:\.\d+)?$")
 # Units and currency words that may follow a number in an answer ("5 cm", "12 dollars").
-_UNIT_TAIL_RE = re.compile(r"^(.*?\d)\s*(?:\\(?:text|mbox|mathrm)\s*\{[^{}]*\}|[A-Za-z][A-Za-z .]*)$")
+_UNIT_TAIL_RE = re.compile(
+    r"^(.*?\d)\s*(?:\\(?:text|mbox|mathrm)\s*\{[^{}]*\}|[A-Za-z][A-Za-z .]*)$"
+)
 
 
 def parse_number(s: str) -> Fraction | None:

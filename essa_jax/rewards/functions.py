@@ -2,8 +2,8 @@
 
 Contract (docs/INTERFACES.md): a reward is a plain callable
 `fn(prompts: list[str], completions: list[str], **task_fields) -> list[float]`, one float per
-completion; task fields are lists aligned with the completions (e.g. `answer=[...]`); fields a reward
-does not use are ignored through `**_`.
+completion; task fields are lists aligned with the completions (e.g. `answer=[...]`); fields a
+reward does not use are ignored through `**_`.
 
 `guard_reward` / `combine_rewards` make any reward safe for a training run: a reward that raises,
 returns a non-finite value, or runs past its time bound on one completion scores that completion 0.0
@@ -201,7 +201,9 @@ def guard_reward(
     fn: RewardFn, *, timeout_s: float | None = 30.0, name: str | None = None
 ) -> GuardedReward:
     """Wrap `fn` so it never crashes a run; its counters are at `.stats` (see `GuardedReward`)."""
-    return fn if isinstance(fn, GuardedReward) else GuardedReward(fn, timeout_s=timeout_s, name=name)
+    return (
+        fn if isinstance(fn, GuardedReward) else GuardedReward(fn, timeout_s=timeout_s, name=name)
+    )
 
 
 class CombinedReward:

@@ -8,9 +8,9 @@ any other thread runs the call in a daemon helper thread and stops waiting at th
 Limits (documented, not hidden):
 - Main thread: the alarm interrupts Python bytecode; a single long C call (e.g. a huge integer
   power) only notices it when the C call returns.
-- Other threads: Python cannot kill a thread, so a timed-out call is *abandoned*: it keeps running in
-  its daemon thread until it finishes (never blocking interpreter exit); `abandoned_threads()` counts
-  them so a loop can log it.
+- Other threads: Python cannot kill a thread, so a timed-out call is *abandoned*: it keeps running
+  in its daemon thread until it finishes (never blocking interpreter exit); `abandoned_threads()`
+  counts them so a loop can log it.
 """
 
 from __future__ import annotations

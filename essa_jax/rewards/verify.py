@@ -11,11 +11,14 @@ internal error counts as "no match" and is recorded in `VERIFY_STATS`.
 
 from __future__ import annotations
 
+import re
+
 from .extraction import parse_number
 from .stats import RewardStats
 from .timeout import RewardTimeoutError, call_with_timeout
 
 DEFAULT_VERIFY_TIMEOUT_S = 5.0
+_INT_RE = re.compile(r"[-+]?\d+\Z")
 
 # Timeouts and internal errors of the symbolic path, for the loops to log.
 VERIFY_STATS = RewardStats()
@@ -31,7 +34,11 @@ def _strip_math_delims(s: str) -> str:
 
 def _symbolic_match(predicted: str, reference: str) -> bool:
     # Imported lazily: math-verify pulls in sympy (~0.7 s) which the numeric path never needs.
-    from math_verify import parse, verify
+    from math_verify import grader, parse, parser, verify
+
+    # Its own (main-thread-only) timeout is off because call_with_timeout bounds the call; the
+    # "timeout is disabled" warning it would log once per process is therefore misleading.
+    grader.TIMEOUT_WARNING_SHOWN = parser.TIMEOUT_WARNING_SHOWN = True
 
     # Wrapping in \boxed{} makes math-verify take the whole string as the answer (its highest
     # priority extraction) instead of searching it for something that looks like one.
@@ -68,6 +75,8 @@ def answers_match(
     reference = _strip_math_delims(reference)
     if not predicted or not reference:
         return False
+    if _INT_RE.match(predicted) and _INT_RE.match(reference):  # the arithmetic tasks' hot path
+        return int(predicted) == int(reference)
     a, b = parse_number(predicted), parse_number(reference)
     if a is not None and b is not None:
         return a == b

@@ -1,4 +1,4 @@
-"""Policy-gradient losses of the GRPO family: GRPO / DAPO (clipped ratio) and CISPO (clipped weight).
+"""Policy losses of the GRPO family: GRPO / DAPO (clipped ratio), CISPO (clipped weight).
 
 The loss is MINIMISED by the optimiser, so it is minus the surrogate objective: minimising it
 maximises reward. Inputs are per completion token, `[B, T]` with a mask of the real completion
@@ -21,7 +21,7 @@ AGGREGATIONS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm")
 def k3_kl(logp: jax.Array, ref_logp: jax.Array) -> jax.Array:
     """Per-token k3 estimator of KL(pi || pi_ref) (Schulman 2020; GRPO, arXiv 2402.03300, eq. 4).
 
-        kl = exp(ref - logp) - (ref - logp) - 1   (>= 0, unbiased for samples from pi)
+    kl = exp(ref - logp) - (ref - logp) - 1   (>= 0, unbiased for samples from pi)
     """
     d = ref_logp - logp
     return jnp.exp(d) - d - 1.0
@@ -91,7 +91,8 @@ def policy_loss(
       advantages: [B] per rollout or [B, T] per token (treated as constant).
       mask: [B, T] 1 for real completion tokens, 0 for padding / prompt.
       kind: "grpo" | "cispo".
-      eps_low, eps_high: clip range [1 - eps_low, 1 + eps_high] of the ratio (grpo) or weight (cispo).
+      eps_low, eps_high: clip range [1 - eps_low, 1 + eps_high] of the ratio (grpo) or of the
+        weight (cispo).
       agg: "token_mean" | "seq_mean_token_mean" | "seq_mean_token_sum_norm".
       max_len: Dr.GRPO's constant normaliser (default T); only used by "seq_mean_token_sum_norm".
       ref_logp: [B, T] reference-policy log-probs; required when beta > 0.
@@ -114,7 +115,8 @@ def policy_loss(
         )
     if advantages.shape not in ((logp.shape[0],), logp.shape):
         raise ValueError(
-            f"advantages must be [B]={logp.shape[:1]} or [B, T]={logp.shape}, got {advantages.shape}"
+            f"advantages must be [B]={logp.shape[:1]} or [B, T]={logp.shape}, "
+            f"got {advantages.shape}"
         )
     if not (eps_low >= 0 and eps_high >= 0):
         raise ValueError(f"eps_low and eps_high must be >= 0, got {eps_low!r}, {eps_high!r}")

@@ -232,7 +232,7 @@ class GRPOTrainer:
         prompt_mask: jax.Array,
         key: jax.Array,
     ) -> Generation:
-        """Sample group_size completions per prompt: rows [P * N], each prompt's group contiguous."""
+        """group_size completions per prompt: rows [P * N], each prompt's group contiguous."""
         cfg = self.cfg
         tokens = jnp.repeat(prompt_tokens, cfg.group_size, axis=0)
         mask = jnp.repeat(prompt_mask, cfg.group_size, axis=0)

@@ -53,8 +53,11 @@ def test_batch_spanning_epochs_and_numpy_cursor():
     c = init_cursor(5, seed=3)
     b, c = next_batch(data, c, 3)
     b2, c2 = next_batch(data, c, 3)
-    assert b2 == [int(epoch_order(5, 3, 0)[3]), int(epoch_order(5, 3, 0)[4]),
-                  int(epoch_order(5, 3, 1)[0])]
+    assert b2 == [
+        int(epoch_order(5, 3, 0)[3]),
+        int(epoch_order(5, 3, 0)[4]),
+        int(epoch_order(5, 3, 1)[0]),
+    ]
     assert c2["epoch"] == 1 and c2["position"] == 1
     as_arrays = {k: np.asarray(v) for k, v in c.items()}
     assert next_batch(data, as_arrays, 3) == (b2, c2)

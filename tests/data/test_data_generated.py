@@ -29,8 +29,20 @@ def _eval(expr: str) -> int:
 
 @pytest.mark.parametrize(
     "name",
-    ["add_1d", "add_2d", "add_3d", "sub_2d", "sub_3d", "mul_1d", "mul_2d", "arith_mixed",
-     "arith_mixed_l1", "arith_mixed_l3", "word_problems", "word_problems_l2"],
+    [
+        "add_1d",
+        "add_2d",
+        "add_3d",
+        "sub_2d",
+        "sub_3d",
+        "mul_1d",
+        "mul_2d",
+        "arith_mixed",
+        "arith_mixed_l1",
+        "arith_mixed_l3",
+        "word_problems",
+        "word_problems_l2",
+    ],
 )
 def test_deterministic_and_disjoint(name):
     train, evals = generate_task(name, num_train=60, num_eval=30, seed=3)
@@ -134,8 +146,10 @@ def test_word_problem_answers_recomputed():
 
 
 def test_word_problem_levels():
-    for level, expected in [(1, {"buy_more", "give_away", "boxes", "share"}),
-                            (3, {"garden", "discount", "average_speed"})]:
+    for level, expected in [
+        (1, {"buy_more", "give_away", "boxes", "share"}),
+        (3, {"garden", "discount", "average_speed"}),
+    ]:
         train, _ = generate_task(f"word_problems_l{level}", num_train=100, num_eval=0, seed=0)
         assert {e["template"] for e in train} == expected
         assert all(e["level"] == level for e in train)

@@ -114,8 +114,12 @@ def test_generic_mapping(tmp_path, cache):
     ]
     path = _write_jsonl(tmp_path / "generic.jsonl", rows)
     examples, _ = load_examples(
-        path, format="generic", question_field="instruction", answer_field="target",
-        id_field="uid", cache_dir=cache,
+        path,
+        format="generic",
+        question_field="instruction",
+        answer_field="target",
+        id_field="uid",
+        cache_dir=cache,
     )
     assert [(e["id"], e["question"], e["answer"]) for e in examples] == [
         ("a", "Add 2 and 3.", "5"),
@@ -124,8 +128,15 @@ def test_generic_mapping(tmp_path, cache):
 
 
 def test_generic_chat_messages(tmp_path, cache):
-    rows = [{"prompt": [{"role": "system", "content": "Be brief."},
-                        {"role": "user", "content": "What is 2+2?"}], "answer": "4"}]
+    rows = [
+        {
+            "prompt": [
+                {"role": "system", "content": "Be brief."},
+                {"role": "user", "content": "What is 2+2?"},
+            ],
+            "answer": "4",
+        }
+    ]
     path = _write_jsonl(tmp_path / "chat.jsonl", rows)
     (ex,), _ = load_examples(path, cache_dir=cache)
     assert ex["question"] == "What is 2+2?" and ex["messages"][0]["role"] == "system"

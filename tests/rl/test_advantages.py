@@ -16,9 +16,7 @@ from essa_jax.rl import (
 
 def _binary_groups(n, counts):
     """Flat binary rewards: one group of n per entry of counts, `count` ones first."""
-    return jnp.asarray(
-        np.concatenate([[1.0] * c + [0.0] * (n - c) for c in counts]), jnp.float32
-    )
+    return jnp.asarray(np.concatenate([[1.0] * c + [0.0] * (n - c) for c in counts]), jnp.float32)
 
 
 def test_focal_weights_paper_table():
@@ -72,9 +70,7 @@ def test_all_correct_and_all_wrong_groups_have_zero_advantage():
 
 def test_gamma_zero_is_grpo_exactly():
     key = jax.random.key(0)
-    rewards = jnp.concatenate(
-        [_binary_groups(8, [0, 8, 1, 7]), jax.random.uniform(key, (16,))]
-    )
+    rewards = jnp.concatenate([_binary_groups(8, [0, 8, 1, 7]), jax.random.uniform(key, (16,))])
     for scale in ("group", "batch", "none"):
         plain = group_advantages(rewards, 8, scale)
         focal = focal_weights(rewards, 8, 0.0) * plain

@@ -72,9 +72,7 @@ def _inputs(seed, B=4, T=7):
     return logp, old, adv, mask, ref
 
 
-@pytest.mark.parametrize(
-    "kind, agg, beta", list(itertools.product(KINDS, AGGS, (0.0, 0.04)))
-)
+@pytest.mark.parametrize("kind, agg, beta", list(itertools.product(KINDS, AGGS, (0.0, 0.04))))
 def test_loss_matches_numpy_reference(kind, agg, beta):
     logp, old, adv, mask, ref = _inputs(hash((kind, agg, beta)) % 2**31)
     eps_low, eps_high = (1.0, 5.0) if kind == "cispo" else (0.2, 0.28)
@@ -125,8 +123,16 @@ def test_gradient_matches_finite_differences(kind, agg):
 
         def f(lp):
             return policy_loss(
-                lp, args[0], args[1], args[2], kind=kind, eps_low=eps_low, eps_high=eps_high,
-                agg=agg, ref_logp=args[3], beta=0.1,
+                lp,
+                args[0],
+                args[1],
+                args[2],
+                kind=kind,
+                eps_low=eps_low,
+                eps_high=eps_high,
+                agg=agg,
+                ref_logp=args[3],
+                beta=0.1,
             )[0]
 
         x = jnp.asarray(logp0, jnp.float64)

@@ -84,8 +84,13 @@ def lora_setup(model):
     """One compiled trainer shared by the LoRA tests (compilation dominates their cost):
     focal (gamma 0.5), KL to the base (beta > 0), two mini-batches, temperature != 1."""
     cfg = GRPOConfig(
-        group_size=4, max_new_tokens=4, learning_rate=1e-2, gamma=0.5, beta=0.05,
-        num_minibatches=2, temperature=0.8,
+        group_size=4,
+        max_new_tokens=4,
+        learning_rate=1e-2,
+        gamma=0.5,
+        beta=0.05,
+        num_minibatches=2,
+        temperature=0.8,
     )
     trainable, frozen, to_lora = lora_policy(_lora(random_b=True))
     trainer = _trainer(cfg, to_lora)
@@ -98,9 +103,23 @@ def test_step_metrics_and_state(lora_setup):
     new, hist = _run(trainer, state, policy, 1)
     m = hist[0]
     for k in (
-        "reward_mean", "reward_std", "zero_variance_frac", "focal_weight_mean", "clip_low_frac",
-        "clip_high_frac", "kl", "entropy", "completion_len_mean", "truncation_rate", "grad_norm",
-        "update_norm", "tokens_per_s", "rollout_s", "update_s", "loss", "ratio_mean",
+        "reward_mean",
+        "reward_std",
+        "zero_variance_frac",
+        "focal_weight_mean",
+        "clip_low_frac",
+        "clip_high_frac",
+        "kl",
+        "entropy",
+        "completion_len_mean",
+        "truncation_rate",
+        "grad_norm",
+        "update_norm",
+        "tokens_per_s",
+        "rollout_s",
+        "update_s",
+        "loss",
+        "ratio_mean",
     ):
         assert k in m and np.isfinite(m[k]), k
     assert int(new.step) == 1
@@ -140,9 +159,9 @@ def test_old_logprobs_reference_and_generation_consistency(lora_setup, model):
     loss, aux = trainer.loss(policy, trainable, batch)
     np.testing.assert_allclose([aux["ratio_min"], aux["ratio_max"]], 1.0, atol=1e-5)
     # Reference = the base model with the adapter disabled.
-    base_lp = sequence_logprobs(
-        model, CONFIG, batch.tokens, batch.attention_mask, temperature=0.8
-    )[:, -4:]
+    base_lp = sequence_logprobs(model, CONFIG, batch.tokens, batch.attention_mask, temperature=0.8)[
+        :, -4:
+    ]
     np.testing.assert_allclose(batch.ref_logp, base_lp, atol=1e-5)
     assert float(aux["kl"]) > 1e-4  # the adapter changed the policy
     # token-mean: loss = pg_loss + beta * KL.
@@ -179,18 +198,22 @@ def test_genome_policy_step(model):
     assert float(jnp.max(jnp.abs(new.params))) > 1e-4
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("gamma", [0.0, 0.5])
 def test_policy_learns_toy_reward(model, gamma):
-    """Reward = the target token appears in a 4-token completion; it must rise clearly."""
+    """GRPO and F-GRPO: reward = the target token appears in a 4-token completion; it must rise
+    from ~0.25 (chance) to ~1 within 20 steps (observed: ~1.0 after ~10 steps)."""
+    # Tied embeddings at init std 0.02 cap every logit near 0.6, so no adapter can make the target
+    # likely; a larger embedding scale gives the output layer room (the rest is rms-normed).
+    params = {**model, "embed": model["embed"] * 8.0}
     cfg = GRPOConfig(group_size=8, max_new_tokens=4, learning_rate=3e-2, gamma=gamma)
     trainable, frozen, to_lora = lora_policy(_lora(targets=("q", "v", "o", "up", "down")))
     trainer = _trainer(cfg, to_lora)
     state = trainer.init(trainable, jax.random.key(0))
-    _, hist = _run(trainer, state, FrozenPolicy(model, frozen), 30)
-    r = [m["reward_mean"] for m in hist]
-    print(gamma, np.round(r, 2))
-    assert np.mean(r[-5:]) > np.mean(r[:5]) + 0.3
-    assert np.mean(r[-5:]) > 0.7
+    _, hist = _run(trainer, state, FrozenPolicy(params, frozen), 20)
+    r = np.array([m["reward_mean"] for m in hist])
+    assert r[:3].mean() < 0.45, r
+    assert r[-5:].mean() > 0.85, r
 
 
 def test_config_validation():

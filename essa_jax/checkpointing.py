@@ -1,0 +1,112 @@
+"""Resume from the newest checkpoint that actually restores, never from a broken one.
+
+Orbax writes a step into ``<dir>/<step>.orbax-checkpoint-tmp-<t>`` and renames it to ``<dir>/<step>``
+once complete, so a run killed mid-write leaves only a tmp directory, which `complete_steps` (and
+orbax's ``latest_step``) ignore. A finalised step can still be unreadable: a disk that filled, a file
+truncated or deleted afterwards, a copy that stopped half-way. `restore_latest_valid` tries the steps
+newest first and falls back, with a `CheckpointFallbackWarning` naming the step and the error, to the
+previous one; `quarantine_step` renames a broken step out of the way (``<step>.corrupt-<t>``) so the
+next save of that step number does not collide with it.
+
+Multi-process runs: every process must restore the same step. Call these on every process (restores
+are reads; the rename in `quarantine_step` is done by process 0 only, followed by a barrier).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+import warnings
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+_STEP_DIR = re.compile(r"^\d+$")
+
+
+class CheckpointFallbackWarning(UserWarning):
+    """A checkpoint step could not be restored; an older one is used instead."""
+
+
+def complete_steps(directory: str) -> list[int]:
+    """Finalised checkpoint steps in `directory` (sub-directories named by an integer), ascending.
+
+    Temporary (``*.orbax-checkpoint-tmp-*``) and quarantined (``*.corrupt-*``) directories are
+    not steps. A missing directory has no steps.
+    """
+    if not os.path.isdir(directory):
+        return []
+    return sorted(
+        int(name)
+        for name in os.listdir(directory)
+        if _STEP_DIR.match(name) and os.path.isdir(os.path.join(directory, name))
+    )
+
+
+def restore_latest_valid(
+    restore: Callable[[int], T], steps: Iterable[int], *, where: str = "checkpoints"
+) -> tuple[int, T, list[int]] | None:
+    """`(step, restore(step), broken_steps)` for the newest step whose restore succeeds.
+
+    Args:
+      restore: reads one step (raises on a broken checkpoint).
+      steps: candidate steps (any order).
+      where: the directory, for the warning text.
+
+    Returns None when no step restores (or there are none); every failure issues a
+    `CheckpointFallbackWarning` and is listed in `broken_steps` (newest first).
+    """
+    broken: list[int] = []
+    for step in sorted(set(steps), reverse=True):
+        try:
+            return step, restore(step), broken
+        except Exception as e:  # orbax raises many types (ValueError, FileNotFoundError, ...)
+            broken.append(step)
+            first = str(e).splitlines()[0] if str(e) else ""
+            warnings.warn(
+                f"checkpoint step {step} in {where} cannot be restored ({type(e).__name__}: "
+                f"{first[:300]}); falling back to the previous complete checkpoint",
+                CheckpointFallbackWarning,
+                stacklevel=2,
+            )
+    return None
+
+
+def quarantine_step(directory: str, step: int) -> str | None:
+    """Rename ``<directory>/<step>`` to ``<step>.corrupt-<unix time>`` (process 0; all wait).
+
+    Returns the new path on process 0 (None elsewhere, or when the step does not exist).
+    """
+    import jax
+
+    new = None
+    src = os.path.join(directory, str(step))
+    if jax.process_index() == 0 and os.path.isdir(src):
+        new = f"{src}.corrupt-{int(time.time())}"
+        os.rename(src, new)
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        multihost_utils.sync_global_devices(f"quarantine_step_{step}")
+    return new
+
+
+def restore_checkpointer_with_fallback(
+    checkpointer: Any, directory: str, template: Any, *, quarantine: bool = True
+) -> tuple[int, Any, dict] | None:
+    """Resume helper for `essa_jax.train.checkpoint.Checkpointer` (or anything with
+    ``restore(step, template) -> (state, meta)``): `(step, state, meta)` of the newest readable
+    step in `directory`, or None. Broken newer steps are quarantined (so the resumed run can save
+    those step numbers again); a manager that caches its step list must be reloaded afterwards.
+    """
+    out = restore_latest_valid(
+        lambda s: checkpointer.restore(s, template), complete_steps(directory), where=directory
+    )
+    if out is None:
+        return None
+    step, (state, meta), broken = out
+    if quarantine:
+        for s in broken:
+            quarantine_step(directory, s)
+    return step, state, meta

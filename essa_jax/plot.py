@@ -1,0 +1,119 @@
+"""Overlay runs: `python -m essa_jax.plot runs/` -> runs/compare.png (+ a printed table).
+
+Every sub-folder of the given folder that holds a `metrics.jsonl` is one run (ESSA, GRPO, F-GRPO,
+...); its train reward and held-out accuracy are drawn against loop wall-clock seconds and against
+generated tokens, the axes every loop logs, so methods compare at equal cost.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Any
+
+from essa_jax.train.metrics import read_metrics
+
+
+def find_runs(parent: str) -> dict[str, list[dict[str, Any]]]:
+    """{run name: metric rows} for every sub-folder of `parent` with a metrics.jsonl."""
+    runs = {}
+    for name in sorted(os.listdir(parent)):
+        rows = read_metrics(os.path.join(parent, name))
+        if rows:
+            runs[name] = rows
+    return runs
+
+
+def _label(parent: str, name: str) -> str:
+    path = os.path.join(parent, name, "config.json")
+    try:
+        with open(path) as f:
+            method = json.load(f).get("method", "")
+    except (OSError, ValueError):
+        method = ""
+    return f"{name} ({method})" if method and method not in name else name
+
+
+def overlay(parent: str, out: str | None = None) -> str:
+    """Draw every run of `parent` on shared axes; return the PNG path."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = find_runs(parent)
+    if not runs:
+        raise FileNotFoundError(f"no run folders with metrics.jsonl under {parent}")
+    fig, axes = plt.subplots(2, 2, figsize=(11, 7.5))
+    for name, rows in runs.items():
+        label = _label(parent, name)
+        train = [r for r in rows if r["phase"] == "train"]
+        ev = [r for r in rows if r["phase"] == "eval"]
+        for col, axis in enumerate(("wall_s", "tokens")):
+            if train:
+                axes[0, col].plot(
+                    [r[axis] for r in train], [r["reward"] for r in train], lw=1, label=label
+                )
+            if ev:
+                axes[1, col].plot(
+                    [r[axis] for r in ev], [r["acc"] for r in ev], marker="o", label=label
+                )
+    xlabels = ("training wall-clock (s)", "generated tokens")
+    for col in range(2):
+        axes[0, col].set(xlabel=xlabels[col], ylabel="train reward (mean)")
+        axes[1, col].set(xlabel=xlabels[col], ylabel="held-out accuracy (greedy)")
+        for row in range(2):
+            axes[row, col].grid(alpha=0.3)
+    axes[1, 0].legend(fontsize=8)
+    fig.suptitle(f"runs in {parent}")
+    fig.tight_layout()
+    out = out or os.path.join(parent, "compare.png")
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
+def table(parent: str) -> list[dict[str, Any]]:
+    """One row per run with a summary.json: method, held-out before / after, wall-clock, tokens."""
+    rows = []
+    for name in find_runs(parent):
+        path = os.path.join(parent, name, "summary.json")
+        if not os.path.exists(path):
+            continue
+        with open(path) as f:
+            s = json.load(f)
+        rows.append(
+            {
+                "run": name,
+                "method": s["method"],
+                "n": s["heldout_n"],
+                "sft_acc": s["sft_heldout_acc"],
+                "final_acc": s["final_heldout_acc"],
+                "ci": "[{:.3f}, {:.3f}]".format(*s["final_heldout_ci"]),
+                "wall_s": s["train_wall_seconds"],
+                "tokens": s["generated_tokens"],
+            }
+        )
+    return rows
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 1:
+        raise SystemExit("usage: python -m essa_jax.plot <folder of runs>")
+    parent = argv[0]
+    path = overlay(parent)
+    rows = table(parent)
+    if rows:
+        cols = list(rows[0])
+        fmt = lambda v: f"{v:.3f}" if isinstance(v, float) else str(v)  # noqa: E731
+        widths = [max(len(c), *(len(fmt(r[c])) for r in rows)) for c in cols]
+        print("  ".join(c.ljust(w) for c, w in zip(cols, widths, strict=True)))
+        for r in rows:
+            print("  ".join(fmt(r[c]).ljust(w) for c, w in zip(cols, widths, strict=True)))
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,240 @@
+"""One compiled program for a whole population: P members x B prompts as P*B rows.
+
+The hot path of ESSA (DESIGN.md; arXiv 2507.04453 Sec. 3): every member shares the base weights W
+and the frozen SVD basis (V_A, M, U_B); only the singular values differ. Rows are stacked
+member-major (row n = member n // B, prompt n % B) and carry their member's singular values, so a
+layer computes
+
+    y = x W + scale * ((((x V_A) * s_A[row]) M) * s_B[row]) U_B^T
+
+for all rows at once: no per-member weight matrix, no Python loop over members. Across devices,
+`jax.shard_map` over a (pop, data) mesh gives each device a slice of members and prompts; params and
+basis are replicated (see `mesh.replicate`).
+
+Decoding: greedy (ESSA's default, also Qiu et al. 2025) runs as one flat batch of P*B rows through
+`essa_jax.models.generate`. Sampling needs per-row PRNG keys so that a member's samples do not depend
+on how rows are split over devices; `models.generate` draws one key per batch, so the sampling path
+vmaps `generate` over rows, each row with key fold_in(fold_in(key, member), prompt). That costs a
+select over the loop carry per step (vmap of a data-dependent while loop); a per-row-key option in
+`models.generate` would let sampling use the flat path too.
+
+Population or prompt counts that do not divide the mesh are padded (see `mesh` module docstring).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import Mesh
+from jax.sharding import PartitionSpec as P
+
+from essa_jax.lora.svd import (
+    GenomeLayout,
+    SVDBasis,
+    SVDLoRA,
+    genome_to_singular_values,
+    population_svd_lora,
+)
+from essa_jax.models import Generation, forward, generate
+from essa_jax.population.mesh import DATA_AXIS, POP_AXIS, mesh_sizes, padded_size
+
+
+def _pad_axis(x: jax.Array, size: int, axis: int) -> jax.Array:
+    """Pad `x` along `axis` to `size` with copies of its first entry (member 0 / prompt 0)."""
+    n = x.shape[axis]
+    if n == size:
+        return x
+    first = jax.lax.slice_in_dim(x, 0, 1, axis=axis)
+    return jnp.concatenate([x, jnp.repeat(first, size - n, axis=axis)], axis=axis)
+
+
+def _check_inputs(layout: GenomeLayout, genomes: jax.Array, tokens: jax.Array) -> None:
+    if jnp.ndim(genomes) != 2 or genomes.shape[1] != layout.size:
+        raise ValueError(
+            f"genomes must be [P, D] with D = layout.size = {layout.size}, got {jnp.shape(genomes)}"
+        )
+    if jnp.ndim(tokens) == 3 and tokens.shape[0] != genomes.shape[0]:
+        raise ValueError(
+            f"per-member prompts [P, B, T] have P={tokens.shape[0]} but genomes have "
+            f"P={genomes.shape[0]}"
+        )
+    if jnp.ndim(tokens) not in (2, 3):
+        raise ValueError(
+            f"prompt tokens must be [B, T] (shared by all members) or [P, B, T] (per member), "
+            f"got shape {jnp.shape(tokens)}"
+        )
+
+
+def _run(body, mesh: Mesh | None, params, basis, genomes, tokens, mask, key):
+    """Pad to the mesh, run `body` per shard (or once without a mesh), drop the padding.
+
+    body(params, basis, genomes [p, D], tokens [p, b, T], mask, member_ids [p], prompt_ids [b],
+    key) -> pytree of [p, b, ...] arrays.
+    """
+    num_members, num_prompts = genomes.shape[0], tokens.shape[-2]
+    tokens = jnp.broadcast_to(tokens, (num_members,) + tokens.shape[-2:])
+    mask = jnp.broadcast_to(mask, tokens.shape)
+    n_pop, n_data = mesh_sizes(mesh)
+    pp, bp = padded_size(num_members, n_pop), padded_size(num_prompts, n_data)
+    genomes = _pad_axis(genomes, pp, 0)
+    tokens = _pad_axis(_pad_axis(tokens, pp, 0), bp, 1)
+    mask = _pad_axis(_pad_axis(mask, pp, 0), bp, 1)
+    # Padded members/prompts reuse index 0: they are copies and are discarded below.
+    member_ids = _pad_axis(jnp.arange(num_members, dtype=jnp.int32), pp, 0)
+    prompt_ids = _pad_axis(jnp.arange(num_prompts, dtype=jnp.int32), bp, 0)
+    args = (params, basis, genomes, tokens, mask, member_ids, prompt_ids, key)
+    if mesh is None:
+        out = body(*args)
+    else:
+        rows = P(POP_AXIS, DATA_AXIS)
+        out = jax.shard_map(
+            body,
+            mesh=mesh,
+            in_specs=(P(), P(), P(POP_AXIS), rows, rows, P(POP_AXIS), P(DATA_AXIS), P()),
+            out_specs=rows,
+        )(*args)
+    return jax.tree.map(lambda z: z[:num_members, :num_prompts], out)
+
+
+@functools.partial(jax.jit, static_argnames=("config", "layout", "mesh"))
+def _population_forward(params, basis, genomes, tokens, mask, *, config, layout, mesh):
+    def body(params, basis, genomes, tokens, mask, member_ids, prompt_ids, key):
+        del member_ids, prompt_ids, key
+        p, b, t = tokens.shape
+        lora = population_svd_lora(basis, layout, genomes, b)
+        logits = forward(
+            params, config, tokens.reshape(p * b, t), attention_mask=mask.reshape(p * b, t),
+            lora=lora,
+        )
+        return logits.reshape(p, b, t, -1)
+
+    return _run(body, mesh, params, basis, genomes, tokens, mask, jax.random.key(0))
+
+
+def population_forward(
+    params: dict,
+    config: Any,
+    basis: SVDBasis,
+    layout: GenomeLayout,
+    genomes: jax.Array,
+    tokens: jax.Array,
+    attention_mask: jax.Array | None = None,
+    *,
+    mesh: Mesh | None = None,
+) -> jax.Array:
+    """Logits of every member on its prompts: `[P, B, T, V]` float32, one jitted program.
+
+    Args:
+      genomes: `[P, D]` offsets to the SFT singular values (zero = SFT adapter).
+      tokens: `[B, T]` shared by all members, or `[P, B, T]` per member; left-padded.
+      attention_mask: same shape as tokens (1 = real token); default all ones.
+      mesh: optional (pop, data) mesh from `make_population_mesh`.
+    """
+    _check_inputs(layout, genomes, tokens)
+    tokens = jnp.asarray(tokens, jnp.int32)
+    mask = jnp.ones_like(tokens) if attention_mask is None else jnp.asarray(attention_mask)
+    return _population_forward(
+        params, basis, jnp.asarray(genomes), tokens, mask.astype(jnp.int32),
+        config=config, layout=layout, mesh=mesh,
+    )
+
+
+def _generate_rows(
+    params, config, basis, layout, genomes, tokens, mask, member_ids, prompt_ids, key, **settings
+) -> Generation:
+    """Generation for p members x b prompts on one device: fields `[p, b, N]`."""
+    p, b, t = tokens.shape
+    flat_tokens, flat_mask = tokens.reshape(p * b, t), mask.reshape(p * b, t)
+    if settings["greedy"]:
+        lora = population_svd_lora(basis, layout, genomes, b)
+        out = generate(params, config, flat_tokens, flat_mask, key, lora=lora, **settings)
+    else:
+        row_keys = jax.vmap(
+            lambda m: jax.vmap(lambda q: jax.random.fold_in(jax.random.fold_in(key, m), q))(
+                prompt_ids
+            )
+        )(member_ids).reshape(p * b)
+        svals = genome_to_singular_values(basis, layout, genomes)  # {t: ([p, L, r], [p, L, r])}
+        row_svals = jax.tree.map(lambda s: jnp.repeat(s, b, axis=0), svals)  # [p*b, L, r]
+
+        def one_row(tok, msk, row_key, sv):
+            # sv[t] = ([L, r], [L, r]); the per-row form [L, 1, r] for a batch of one.
+            lora = {
+                name: SVDLoRA(
+                    v_a=f.v_a, m=f.m, u_b=f.u_b, s_a=sv[name][0][:, None], s_b=sv[name][1][:, None],
+                    scale=f.scale,
+                )
+                for name, f in basis.factors.items()
+            }
+            g = generate(params, config, tok[None], msk[None], row_key, lora=lora, **settings)
+            return jax.tree.map(lambda z: z[0], g)
+
+        out = jax.vmap(one_row)(flat_tokens, flat_mask, row_keys, row_svals)
+    return jax.tree.map(lambda z: z.reshape((p, b) + z.shape[1:]), out)
+
+
+@functools.partial(
+    jax.jit,
+    static_argnames=(
+        "config", "layout", "mesh", "max_new_tokens", "greedy", "temperature", "top_k", "top_p",
+        "eos_token_ids",
+    ),
+)
+def _population_generate(params, basis, genomes, tokens, mask, key, *, config, layout, mesh,
+                         **settings):
+    def body(params, basis, genomes, tokens, mask, member_ids, prompt_ids, key):
+        return _generate_rows(
+            params, config, basis, layout, genomes, tokens, mask, member_ids, prompt_ids, key,
+            **settings,
+        )
+
+    return _run(body, mesh, params, basis, genomes, tokens, mask, key)
+
+
+def population_generate(
+    params: dict,
+    config: Any,
+    basis: SVDBasis,
+    layout: GenomeLayout,
+    genomes: jax.Array,
+    prompt_tokens: jax.Array,
+    prompt_mask: jax.Array,
+    key: jax.Array,
+    *,
+    max_new_tokens: int,
+    greedy: bool = False,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    eos_token_ids: Sequence[int] | None = None,
+    mesh: Mesh | None = None,
+) -> Generation:
+    """Generate for every member on its prompts in one jitted program.
+
+    Args:
+      genomes: `[P, D]` candidate offsets to the SFT singular values.
+      prompt_tokens, prompt_mask: `[B, T]` shared by all members or `[P, B, T]` per member
+        (left-padded; every row's last slot real, as `models.generate` requires).
+      key: PRNG key; row (member i, prompt j) samples with fold_in(fold_in(key, i), j), so the
+        samples do not depend on the mesh. Unused when greedy.
+      mesh: optional (pop, data) mesh; P and B need not divide it (padding, see `mesh`).
+
+    Returns: `Generation` with fields `[P, B, N]` (tokens, logprobs, mask) and `[P, B]` (lengths,
+    finished), N = max_new_tokens.
+    """
+    _check_inputs(layout, genomes, prompt_tokens)
+    if jnp.shape(prompt_mask) != jnp.shape(prompt_tokens):
+        raise ValueError(
+            f"prompt_mask {jnp.shape(prompt_mask)} must match prompt_tokens "
+            f"{jnp.shape(prompt_tokens)}"
+        )
+    return _population_generate(
+        params, basis, jnp.asarray(genomes), jnp.asarray(prompt_tokens, jnp.int32),
+        jnp.asarray(prompt_mask, jnp.int32), key, config=config, layout=layout, mesh=mesh,
+        max_new_tokens=max_new_tokens, greedy=bool(greedy), temperature=temperature, top_k=top_k,
+        top_p=top_p, eos_token_ids=None if eos_token_ids is None else tuple(eos_token_ids),
+    )

@@ -1,0 +1,77 @@
+"""A broken newest checkpoint is never resumed from: the previous good one is, with a warning."""
+
+import os
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from essa_jax import checkpointing as ck
+from essa_jax.train.checkpoint import CHECKPOINT_DIR, Checkpointer
+
+
+def _state(step):
+    return {"mean": jnp.full((5,), float(step)), "step": jnp.int32(step)}
+
+
+@pytest.fixture
+def three_steps(tmp_path):
+    ckpt = Checkpointer(str(tmp_path), keep=5)
+    for s in (1, 2, 3):
+        ckpt.save(s, _state(s), {"wall_s": float(s)})
+    yield ckpt, os.path.join(str(tmp_path), CHECKPOINT_DIR)
+    ckpt.close()
+
+
+def _truncate_all(path):
+    for root, _, files in os.walk(path):
+        for f in files:
+            with open(os.path.join(root, f), "r+b") as fh:
+                fh.truncate(0)
+
+
+def test_truncated_latest_falls_back_with_warning(three_steps):
+    ckpt, d = three_steps
+    _truncate_all(os.path.join(d, "3", "state"))
+    with pytest.raises(Exception):  # noqa: B017 - the point: the raw restore of step 3 fails
+        ckpt.restore(3, _state(0))
+    with pytest.warns(ck.CheckpointFallbackWarning, match="step 3"):
+        step, state, meta = ck.restore_checkpointer_with_fallback(ckpt, d, _state(0))
+    assert step == 2 and meta == {"wall_s": 2.0}
+    np.testing.assert_array_equal(state["mean"], np.full((5,), 2.0))
+    # Quarantined: no longer a step, kept for inspection.
+    assert ck.complete_steps(d) == [1, 2]
+    assert any(n.startswith("3.corrupt-") for n in os.listdir(d))
+
+
+def test_tmp_dir_of_interrupted_write_is_not_a_step(three_steps):
+    ckpt, d = three_steps
+    # What a SIGKILL during orbax's write leaves behind: an unfinalised tmp directory.
+    os.makedirs(os.path.join(d, "4.orbax-checkpoint-tmp-1700000000"))
+    assert ck.complete_steps(d) == [1, 2, 3]
+    step, state, _ = ck.restore_checkpointer_with_fallback(ckpt, d, _state(0))
+    assert step == 3 and int(state["step"]) == 3
+
+
+def test_deleted_step_files_and_no_valid_step(three_steps):
+    ckpt, d = three_steps
+    for s in (1, 2, 3):
+        _truncate_all(os.path.join(d, str(s)))
+    with pytest.warns(ck.CheckpointFallbackWarning):
+        assert ck.restore_checkpointer_with_fallback(ckpt, d, _state(0), quarantine=False) is None
+    assert ck.complete_steps(d) == [1, 2, 3]
+    assert ck.complete_steps(os.path.join(d, "missing")) == []
+
+
+def test_restore_latest_valid_order_and_broken_list():
+    calls = []
+
+    def restore(s):
+        calls.append(s)
+        if s > 5:
+            raise ValueError(f"bad {s}")
+        return s * 10
+
+    with pytest.warns(ck.CheckpointFallbackWarning):
+        out = ck.restore_latest_valid(restore, [3, 7, 5, 6])
+    assert out == (5, 50, [7, 6]) and calls == [7, 6, 5]
