@@ -1,12 +1,13 @@
 """Resume from the newest checkpoint that actually restores, never from a broken one.
 
-Orbax writes a step into ``<dir>/<step>.orbax-checkpoint-tmp-<t>`` and renames it to ``<dir>/<step>``
-once complete, so a run killed mid-write leaves only a tmp directory, which `complete_steps` (and
-orbax's ``latest_step``) ignore. A finalised step can still be unreadable: a disk that filled, a file
-truncated or deleted afterwards, a copy that stopped half-way. `restore_latest_valid` tries the steps
-newest first and falls back, with a `CheckpointFallbackWarning` naming the step and the error, to the
-previous one; `quarantine_step` renames a broken step out of the way (``<step>.corrupt-<t>``) so the
-next save of that step number does not collide with it.
+Orbax writes a step into ``<dir>/<step>.orbax-checkpoint-tmp-<t>`` and renames it to
+``<dir>/<step>`` once complete, so a run killed mid-write leaves only a tmp directory, which
+`complete_steps` (and orbax's ``latest_step``) ignore. A finalised step can still be unreadable: a
+disk that filled, a file truncated or deleted afterwards, a copy that stopped half-way.
+`restore_latest_valid` tries the steps newest first and falls back, with a
+`CheckpointFallbackWarning` naming the step and the error, to the previous one;
+`quarantine_step` renames a broken step out of the way (``<step>.corrupt-<t>``) so the next save
+of that step number does not collide with it.
 
 Multi-process runs: every process must restore the same step. Call these on every process (restores
 are reads; the rename in `quarantine_step` is done by process 0 only, followed by a barrier).

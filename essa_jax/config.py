@@ -205,7 +205,7 @@ def _check_model_path(path: str) -> None:
             path,
             "a local HF checkpoint directory, a .gguf file, 'smollm2-135m-instruct' or "
             "'random:<preset>'",
-            "Set --config.model.path=/path/to/checkpoint (nothing is downloaded at run time)",
+            "set --config.model.path=/path/to/checkpoint (nothing is downloaded at run time)",
         )
     if path.startswith(RANDOM_PREFIX):
         from essa_jax.train.tiny import TINY_PRESETS
@@ -224,7 +224,7 @@ def _check_model_path(path: str) -> None:
             path,
             "an existing local HF checkpoint directory or .gguf file, "
             "'smollm2-135m-instruct' or 'random:<preset>'",
-            "Set --config.model.path=/path/to/checkpoint (nothing is downloaded at run time)",
+            "set --config.model.path=/path/to/checkpoint (nothing is downloaded at run time)",
         )
 
 

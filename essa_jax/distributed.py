@@ -1,8 +1,9 @@
 """Multi-process (multi-host) JAX for ESSA and GRPO: start-up, the global mesh, fitness gather.
 
 ESSA distributes like the paper (arXiv 2507.04453, Sec. 3 "Distributed implementation"): every
-process holds the same strategy state and PRNG key, regenerates the whole population locally, evaluates
-only its shard of members, all-gathers the fitness vector (P floats) and applies the identical update.
+process holds the same strategy state and PRNG key, regenerates the whole population locally,
+evaluates only its shard of members, all-gathers the fitness vector (P floats) and applies the
+identical update.
 Nothing else travels between processes, so a process never needs anyone else's parameters.
 
 This module wraps `jax.distributed.initialize` (multi-controller JAX; gloo collectives on CPU, so
@@ -17,8 +18,9 @@ several processes on one machine over 127.0.0.1 behave like hosts of a cluster) 
   hanging; a peer that stops heart-beating for ``heartbeat_timeout_s`` makes the coordination
   service abort the survivors (JAX's own behaviour, here with a short default);
 - `is_main_process()` for process-0-only side effects (checkpoints, logs, result files);
-- `global_mesh(...)`: a ("population", "data") mesh over every process's devices (Auto axes);
-- `allgather_fitness(...)`: each process's fitness shard -> the full [P] vector on every process.
+- `global_mesh(...)`: a ("pop", "data") mesh over every process's devices (Auto axes);
+- `allgather_fitness(...)`: each process's fitness shard -> the full [P] vector on every process;
+  `evaluate_process_shard(...)`: evaluate this process's members, return everyone's fitness.
 
 Call `initialize(...)` (or `initialize_from_flags()`) before any other JAX call in the process.
 """
@@ -32,7 +34,7 @@ import re
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -46,7 +48,8 @@ ENV_PROCESS_ID = "JAX_PROCESS_ID"
 DEFAULT_TIMEOUT_S = 120
 DEFAULT_HEARTBEAT_TIMEOUT_S = 60
 DEFAULT_SHUTDOWN_TIMEOUT_S = 60
-POPULATION_AXIS = "population"
+# The axis names of essa_jax.population.mesh, so a global mesh plugs into population_generate.
+POPULATION_AXIS = "pop"
 DATA_AXIS = "data"
 
 
@@ -109,7 +112,7 @@ def resolve_settings(
     num_processes: int | None = None,
     process_id: int | None = None,
 ) -> tuple[str | None, int | None, int | None]:
-    """Arguments, else the JAX_* environment variables; validated. None = leave to auto-detection."""
+    """Arguments, else the JAX_* environment variables; validated. None = left to auto-detect."""
     coordinator_address = coordinator_address or os.environ.get(ENV_COORDINATOR) or None
     if num_processes is None:
         num_processes = _env_int(ENV_NUM_PROCESSES)
@@ -185,7 +188,9 @@ def initialize(
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise ValueError(f"{name}={v!r} is invalid: valid values are integers >= 1 (seconds)")
     if cpu_collectives not in ("gloo", "mpi"):
-        raise ValueError(f"cpu_collectives={cpu_collectives!r} is invalid: valid values are gloo, mpi")
+        raise ValueError(
+            f"cpu_collectives={cpu_collectives!r} is invalid: valid values are gloo, mpi"
+        )
     coordinator_address, num_processes, process_id = resolve_settings(
         coordinator_address, num_processes, process_id
     )
@@ -234,8 +239,9 @@ def initialize(
             shutdown_timeout_seconds=shutdown_timeout_s,
         )
     except Exception as e:  # a status JAX does raise (e.g. a refused or malformed address)
+        first = str(e).splitlines()[0] if str(e) else ""
         raise DistributedInitError(
-            f"{message} Underlying error: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+            f"{message} Underlying error: {type(e).__name__}: {first}"
         ) from e
     finally:
         joined.set()
@@ -443,6 +449,29 @@ def host_to_global(tree: Any, mesh: Any, spec: Any = None) -> Any:
         return jax.make_array_from_callback(host.shape, sharding, lambda idx: host[idx])
 
     return jax.tree.map(put, tree)
+
+
+def evaluate_process_shard(evaluate: Callable[[Any, int], Any], population: Any) -> np.ndarray:
+    """ESSA's per-generation exchange: this process scores its members, everyone gets all P.
+
+    Args:
+      evaluate: ``evaluate(members [P_local, D], member_offset) -> fitness [P_local]`` for this
+        process's contiguous block of the population (`local_population_slice`); member_offset is
+        the global index of its first member (fold it into per-member sampling keys so results do
+        not depend on the number of processes). It may use a mesh of this process's devices.
+      population: [P, D], identical on every process (asked from the shared state and key).
+
+    Returns:
+      fitness [P] (numpy), identical on every process; only these P values crossed processes.
+    """
+    sl = local_population_slice(int(population.shape[0]))
+    local = np.asarray(evaluate(population[sl], sl.start))
+    if local.shape != (sl.stop - sl.start,):
+        raise ValueError(
+            f"evaluate returned fitness of shape {local.shape}; expected ({sl.stop - sl.start},) "
+            "(one value per member of this process's block)"
+        )
+    return allgather_fitness(local)
 
 
 def local_population_slice(population_size: int) -> slice:

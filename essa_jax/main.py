@@ -10,35 +10,54 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Sequence
+from typing import Any
 
 from absl import app, flags
 from ml_collections import config_flags
 
-_CONFIG = config_flags.DEFINE_config_file(
-    "config",
-    None,
-    "Experiment config file (experiments/configs/*.py, a get_config() returning a ConfigDict).",
-    lock_config=True,
-)
-_WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints, metrics and results.")
-_RESUME = flags.DEFINE_bool("resume", False, "Require a checkpoint in --workdir and resume it.")
-_RESUME_AUTO = flags.DEFINE_bool(
-    "resume_auto", True, "Resume when --workdir holds a checkpoint (else refuse to overwrite it)."
-)
-flags.mark_flags_as_required(["config", "workdir"])
+
+def define_flags(
+    flag_values: flags.FlagValues = flags.FLAGS, sys_argv: Sequence[str] | None = None
+) -> dict[str, Any]:
+    """Define the CLI flags on `flag_values`; returns their holders by name.
+
+    `sys_argv` is where config_flags finds the `--config.<field>` overrides (default sys.argv).
+    """
+    return {
+        "config": config_flags.DEFINE_config_file(
+            "config",
+            None,
+            "Experiment config file (experiments/configs/*.py: get_config() -> ConfigDict).",
+            flag_values=flag_values,
+            lock_config=True,
+            sys_argv=list(sys_argv) if sys_argv is not None else None,
+        ),
+        "workdir": flags.DEFINE_string(
+            "workdir", None, "Directory for checkpoints, metrics and results.",
+            flag_values=flag_values,
+        ),
+        "resume": flags.DEFINE_bool(
+            "resume", False, "Require a checkpoint in --workdir and resume it.",
+            flag_values=flag_values,
+        ),
+        "resume_auto": flags.DEFINE_bool(
+            "resume_auto",
+            True,
+            "Resume when --workdir holds a checkpoint (else refuse to overwrite it).",
+            flag_values=flag_values,
+        ),
+    }
 
 
-def main(argv: list[str]) -> int:
-    if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    from absl import logging
-
+def run_from_flags(holders: dict[str, Any]) -> int:
+    """Validate the config (exit status 2 on a bad field), then train and evaluate."""
     from essa_jax.config import ConfigError, validate_config
 
-    if not flags.FLAGS["verbosity"].present:
-        logging.set_verbosity(logging.WARNING)  # orbax logs every checkpoint step at INFO
-
-    config = _CONFIG.value
+    config, workdir = holders["config"].value, holders["workdir"].value
+    if config is None or not workdir:
+        print("error: --config and --workdir are required", file=sys.stderr)
+        return 2
     try:
         validate_config(config)  # fail in a second, before any weights are read
     except ConfigError as e:
@@ -46,13 +65,27 @@ def main(argv: list[str]) -> int:
         return 2
     from essa_jax.train import train_and_evaluate
 
-    resume = True if _RESUME.value else (None if _RESUME_AUTO.value else False)
-    train_and_evaluate(config, os.path.expanduser(_WORKDIR.value), resume=resume)
+    resume = True if holders["resume"].value else (None if holders["resume_auto"].value else False)
+    train_and_evaluate(config, os.path.expanduser(workdir), resume=resume)
     return 0
+
+
+_HOLDERS: dict[str, Any] = {}
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    from absl import logging
+
+    if not flags.FLAGS["verbosity"].present:
+        logging.set_verbosity(logging.WARNING)  # orbax logs every checkpoint step at INFO
+    return run_from_flags(_HOLDERS)
 
 
 def run() -> None:
     """Console-script entry point (`essa-jax`)."""
+    _HOLDERS.update(define_flags())
     app.run(main)
 
 

@@ -5,8 +5,8 @@
 
 Each process gets ``JAX_COORDINATOR_ADDRESS=127.0.0.1:<free port>``, ``JAX_NUM_PROCESSES=N``,
 ``JAX_PROCESS_ID=i`` (read by `essa_jax.distributed.initialize`) and, with --devices-per-process,
-``XLA_FLAGS=--xla_force_host_platform_device_count=<k>``. The literal ``{process_id}`` in the command
-is replaced by the process's rank. Output lines are prefixed with ``[p<i>]``.
+``XLA_FLAGS=--xla_force_host_platform_device_count=<k>``. The literal ``{process_id}`` in the
+command is replaced by the process's rank. Output lines are prefixed with ``[p<i>]``.
 
 Failure handling: when any process exits non-zero (or is killed) the others are terminated
 (SIGTERM, then SIGKILL after --grace seconds) and the launcher exits with that process's code

@@ -42,7 +42,8 @@ def centred_ranks(fitness: jax.Array) -> jax.Array:
     """
     p = jnp.shape(fitness)[0]
     r = ranks(fitness)
-    return r / max(p - 1, 1) - 0.5 if p > 1 else jnp.zeros_like(r)
+    # (2 r - (P - 1)) / (2 (P - 1)) == r / (P - 1) - 0.5, but exactly 0 for a tie in the middle
+    return (2 * r - (p - 1)) / (2 * (p - 1)) if p > 1 else jnp.zeros_like(r)
 
 
 def z_score(fitness: jax.Array, eps: float = 1e-8) -> jax.Array:

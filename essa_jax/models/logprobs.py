@@ -35,7 +35,8 @@ def sequence_logprobs(
     """log p(tokens[:, t+1] | tokens[:, :t+1]) for t < T-1: [B, T-1] float32 (and entropies).
 
     tokens, attention_mask: [B, T] (left-padded; 1 = real token). Entries whose target token is
-    padding, or whose previous token is padding, are 0. `temperature` divides the logits (to match `generate`'s sampling distribution).
+    padding, or whose previous token is padding, are 0. `temperature` divides the logits (to
+    match `generate`'s sampling distribution).
     Entropy is that of the full next-token distribution, [B, T-1]. `chunk_size` (time steps per
     chunk) defaults to keep each chunk's logits near 128 MiB. Differentiable (w.r.t. params and
     lora) without materialising [B, T, V].

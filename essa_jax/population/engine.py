@@ -11,12 +11,12 @@ for all rows at once: no per-member weight matrix, no Python loop over members. 
 `jax.shard_map` over a (pop, data) mesh gives each device a slice of members and prompts; params and
 basis are replicated (see `mesh.replicate`).
 
-Decoding: greedy (ESSA's default, also Qiu et al. 2025) runs as one flat batch of P*B rows through
-`essa_jax.models.generate`. Sampling needs per-row PRNG keys so that a member's samples do not depend
-on how rows are split over devices; `models.generate` draws one key per batch, so the sampling path
-vmaps `generate` over rows, each row with key fold_in(fold_in(key, member), prompt). That costs a
-select over the loop carry per step (vmap of a data-dependent while loop); a per-row-key option in
-`models.generate` would let sampling use the flat path too.
+Decoding: greedy (ESSA's default, also Qiu et al. 2025) runs as one flat batch of P*B rows
+through `essa_jax.models.generate`. Sampling needs per-row PRNG keys so that a member's samples do
+not depend on how rows are split over devices; `models.generate` draws one key per batch, so the
+sampling path vmaps `generate` over rows, each row with key fold_in(fold_in(key, member), prompt).
+That costs a select over the loop carry per step (vmap of a data-dependent while loop); a per-row
+key option in `models.generate` would let sampling use the flat path too.
 
 Population or prompt counts that do not divide the mesh are padded (see `mesh` module docstring).
 """
@@ -96,6 +96,9 @@ def _run(body, mesh: Mesh | None, params, basis, genomes, tokens, mask, key):
             mesh=mesh,
             in_specs=(P(), P(), P(POP_AXIS), rows, rows, P(POP_AXIS), P(DATA_AXIS), P()),
             out_specs=rows,
+            # The model allocates its KV cache with jnp.zeros (mesh-invariant) and then writes
+            # per-shard values into it inside scan / while_loop; vma checking rejects that carry.
+            check_vma=False,
         )(*args)
     return jax.tree.map(lambda z: z[:num_members, :num_prompts], out)
 
@@ -107,7 +110,10 @@ def _population_forward(params, basis, genomes, tokens, mask, *, config, layout,
         p, b, t = tokens.shape
         lora = population_svd_lora(basis, layout, genomes, b)
         logits = forward(
-            params, config, tokens.reshape(p * b, t), attention_mask=mask.reshape(p * b, t),
+            params,
+            config,
+            tokens.reshape(p * b, t),
+            attention_mask=mask.reshape(p * b, t),
             lora=lora,
         )
         return logits.reshape(p, b, t, -1)
@@ -138,8 +144,14 @@ def population_forward(
     tokens = jnp.asarray(tokens, jnp.int32)
     mask = jnp.ones_like(tokens) if attention_mask is None else jnp.asarray(attention_mask)
     return _population_forward(
-        params, basis, jnp.asarray(genomes), tokens, mask.astype(jnp.int32),
-        config=config, layout=layout, mesh=mesh,
+        params,
+        basis,
+        jnp.asarray(genomes),
+        tokens,
+        mask.astype(jnp.int32),
+        config=config,
+        layout=layout,
+        mesh=mesh,
     )
 
 
@@ -165,7 +177,11 @@ def _generate_rows(
             # sv[t] = ([L, r], [L, r]); the per-row form [L, 1, r] for a batch of one.
             lora = {
                 name: SVDLoRA(
-                    v_a=f.v_a, m=f.m, u_b=f.u_b, s_a=sv[name][0][:, None], s_b=sv[name][1][:, None],
+                    v_a=f.v_a,
+                    m=f.m,
+                    u_b=f.u_b,
+                    s_a=sv[name][0][:, None],
+                    s_b=sv[name][1][:, None],
                     scale=f.scale,
                 )
                 for name, f in basis.factors.items()
@@ -180,15 +196,32 @@ def _generate_rows(
 @functools.partial(
     jax.jit,
     static_argnames=(
-        "config", "layout", "mesh", "max_new_tokens", "greedy", "temperature", "top_k", "top_p",
+        "config",
+        "layout",
+        "mesh",
+        "max_new_tokens",
+        "greedy",
+        "temperature",
+        "top_k",
+        "top_p",
         "eos_token_ids",
     ),
 )
-def _population_generate(params, basis, genomes, tokens, mask, key, *, config, layout, mesh,
-                         **settings):
+def _population_generate(
+    params, basis, genomes, tokens, mask, key, *, config, layout, mesh, **settings
+):
     def body(params, basis, genomes, tokens, mask, member_ids, prompt_ids, key):
         return _generate_rows(
-            params, config, basis, layout, genomes, tokens, mask, member_ids, prompt_ids, key,
+            params,
+            config,
+            basis,
+            layout,
+            genomes,
+            tokens,
+            mask,
+            member_ids,
+            prompt_ids,
+            key,
             **settings,
         )
 
@@ -233,8 +266,19 @@ def population_generate(
             f"{jnp.shape(prompt_tokens)}"
         )
     return _population_generate(
-        params, basis, jnp.asarray(genomes), jnp.asarray(prompt_tokens, jnp.int32),
-        jnp.asarray(prompt_mask, jnp.int32), key, config=config, layout=layout, mesh=mesh,
-        max_new_tokens=max_new_tokens, greedy=bool(greedy), temperature=temperature, top_k=top_k,
-        top_p=top_p, eos_token_ids=None if eos_token_ids is None else tuple(eos_token_ids),
+        params,
+        basis,
+        jnp.asarray(genomes),
+        jnp.asarray(prompt_tokens, jnp.int32),
+        jnp.asarray(prompt_mask, jnp.int32),
+        key,
+        config=config,
+        layout=layout,
+        mesh=mesh,
+        max_new_tokens=max_new_tokens,
+        greedy=bool(greedy),
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        eos_token_ids=None if eos_token_ids is None else tuple(eos_token_ids),
     )

@@ -38,7 +38,8 @@ def make_population_mesh(
         pop = len(devs) // data
     if pop < 1 or pop * data > len(devs):
         raise ValueError(
-            f"mesh pop={pop} x data={data} needs {pop * data} devices but {len(devs)} are available; "
+            f"mesh pop={pop} x data={data} needs {pop * data} devices but {len(devs)} are "
+            f"available; "
             f"valid: pop * data <= {len(devs)}"
         )
     grid = np.asarray(devs[: pop * data], dtype=object).reshape(pop, data)

@@ -114,6 +114,8 @@ def svd_policy(svd_lora: Mapping[str, SVDLoRA]) -> tuple[Any, Any, ToLora]:
     """SVD-GRPO (the ESSA paper's baseline, arXiv 2507.04453, Sec. 4): train s_A, s_B only.
 
     trainable = {target: {"s_a": [L, r], "s_b": [L, r]}}; U_A, V_A, M, U_B stay frozen.
+    AdamW's weight decay would pull the singular values towards 0 (shrinking the SFT adapter);
+    use weight_decay=0 here, or `genome_policy`, whose parameters are offsets from the SFT values.
     """
     for t, ad in svd_lora.items():
         if not isinstance(ad, SVDLoRA) or ad.s_a.ndim != 2:

@@ -6,10 +6,10 @@ Two independent counts that the tests hold against each other:
    text of ``jax.jit(f).lower(...).compile().as_text()`` for ``all-gather``, ``all-reduce``,
    ``reduce-scatter``, ``all-to-all`` and ``collective-permute`` (and their async ``-done`` halves),
    read each op's result shape / dtype and its replica group size n.
-2. **By construction** (`essa_generation_bytes`, `grpo_step_bytes`): ESSA gathers P fitness floats per
-   generation and nothing else (arXiv 2507.04453, Sec. 3: every worker regenerates the population
-   from the shared seed); data-parallel GRPO all-reduces the trainable gradient once per optimizer
-   update, and for a separate rollout engine also ships the updated trainable weights to it.
+2. **By construction** (`essa_generation_bytes`, `grpo_step_bytes`): ESSA gathers P fitness floats
+   per generation and nothing else (arXiv 2507.04453, Sec. 3: every worker regenerates the
+   population from the shared seed); data-parallel GRPO all-reduces the trainable gradient once per
+   optimizer update, and a separate rollout engine also receives the updated trainable weights.
 
 Two sizes are reported per collective:
 
@@ -20,9 +20,9 @@ Two sizes are reported per collective:
   (n-1)/n x S, all-reduce 2 (n-1)/n x S (a reduce-scatter then an all-gather), all-to-all
   (n-1)/n x S, collective-permute S per sending device, with S the full value's bytes.
 
-Limits of the HLO count: an op inside a loop body (``while``, e.g. a scan over layers) is counted once
-per static occurrence, not per iteration; the CPU backend upcasts bf16 all-reduces to f32 (so on CPU
-the HLO shows twice the bytes of a bf16 gradient; accelerators keep bf16).
+Limits of the HLO count: an op inside a loop body (``while``, e.g. a scan over layers) is counted
+once per static occurrence, not per iteration; the CPU backend upcasts bf16 all-reduces to f32 (so
+on CPU the HLO shows twice the bytes of a bf16 gradient; accelerators keep bf16).
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """A cost model of ESSA generations and GRPO steps on a GPU cluster, and of time-to-target.
 
 Purpose: explain (not reproduce to the minute) the scaling ESSA reports (arXiv 2507.04453, Sec. 5,
-Qwen2.5-32B on PRM800K, time to 0.835 accuracy): about 2x faster than GRPO on 16 GPUs and about 6x on
-128 (GRPO 400 -> 150 min, ESSA 200 -> under 20 min).
+Qwen2.5-32B on PRM800K, time to 0.835 accuracy): about 2x faster than GRPO on 16 GPUs and about 6x
+on 128 (GRPO 400 -> 150 min, ESSA 200 -> under 20 min).
 
 Model (every symbol is a field below; all assumptions are explicit):
 
@@ -18,9 +18,9 @@ length l_max, sampled until every row stops):
   generation throughput at a large batch (tokens/s); prefill tokens are charged at the same rate.
 - t_mem = weight_bytes / (g x HBM bandwidth): one decode step reads every weight once, whatever the
   batch (the memory-bound floor of small batches).
-- c: the concurrent rows a replica's KV cache holds; a batch larger than c runs in waves. The longest
-  completion l_max bounds the number of steps from below: the rollout phase ends when its slowest
-  row does (the "long tail" of RL rollouts).
+- c: the concurrent rows a replica's KV cache holds; a batch larger than c runs in waves. The
+  longest completion l_max bounds the number of steps from below: the rollout phase ends when its
+  slowest row does (the "long tail" of RL rollouts).
 
 *ESSA generation* (Sec. 3): P candidates x B prompts = P B rollouts spread over R replicas (prompts
 of one candidate may be split over replicas, so b = ceil(P B / R)), then an all-gather of P fitness
@@ -77,7 +77,11 @@ class ModelSpec:
 
     def lora_params(self, rank: int, targets: tuple[str, ...] = ("q", "k", "v", "o")) -> int:
         """LoRA factor parameters r (in + out) per target and layer."""
-        d, q, kv = self.hidden_size, self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        d, q, kv = (
+            self.hidden_size,
+            self.num_heads * self.head_dim,
+            self.num_kv_heads * self.head_dim,
+        )
         dims = {"q": (d, q), "k": (d, kv), "v": (d, kv), "o": (q, d)}
         bad = [t for t in targets if t not in dims]
         if bad:
@@ -182,14 +186,18 @@ def allgather_time(nbytes: float, n: int, hw: Hardware) -> float:
     a log-depth algorithm, 2 alpha log2 n)."""
     if n <= 1:
         return 0.0
-    return 2 * hw.collective_latency * math.log2(n) + (n - 1) / n * nbytes / hw.interconnect_bandwidth
+    return (
+        2 * hw.collective_latency * math.log2(n) + (n - 1) / n * nbytes / hw.interconnect_bandwidth
+    )
 
 
 def allreduce_time(nbytes: float, n: int, hw: Hardware) -> float:
     """Ring all-reduce: 2 (n-1) hops of latency alpha and 2 (n-1)/n x bytes per device."""
     if n <= 1:
         return 0.0
-    return 2 * (n - 1) * hw.collective_latency + 2 * (n - 1) / n * nbytes / hw.interconnect_bandwidth
+    return (
+        2 * (n - 1) * hw.collective_latency + 2 * (n - 1) / n * nbytes / hw.interconnect_bandwidth
+    )
 
 
 def essa_generation_time(
@@ -282,12 +290,16 @@ def time_to_target(
             f"calibrate_at={calibrate_at} is invalid: valid values are the GPU counts the report "
             f"has for both methods: {sorted(set(report.essa_minutes) & set(report.grpo_minutes))}"
         )
-    essa_steps = 60 * report.essa_minutes[calibrate_at] / essa_generation_time(
-        calibrate_at, model, essa, hw, workload
-    )["total"]
-    grpo_steps = 60 * report.grpo_minutes[calibrate_at] / grpo_step_time(
-        calibrate_at, model, grpo, hw, workload
-    )["total"]
+    essa_steps = (
+        60
+        * report.essa_minutes[calibrate_at]
+        / essa_generation_time(calibrate_at, model, essa, hw, workload)["total"]
+    )
+    grpo_steps = (
+        60
+        * report.grpo_minutes[calibrate_at]
+        / grpo_step_time(calibrate_at, model, grpo, hw, workload)["total"]
+    )
     rows = []
     for n in gpu_counts:
         te = essa_generation_time(n, model, essa, hw, workload)["total"]

@@ -27,6 +27,12 @@ mesh = D.global_mesh()
 sharded = jax.make_array_from_process_local_data(NamedSharding(mesh, P(D.POPULATION_AXIS)), local)
 replicated = np.asarray(D.replicate(sharded, mesh).addressable_data(0))
 
+# The loop-side helper: members' fitness (row sum + global index) computed where they live.
+population = np.arange(pop * 3, dtype=np.float32).reshape(pop, 3)
+via_helper = D.evaluate_process_shard(
+    lambda members, offset: members.sum(axis=1) + offset + np.arange(len(members)), population
+)
+
 if D.is_main_process():
     with open(sys.argv[1], "w") as f:
         f.write("written by process 0\n")
@@ -42,6 +48,7 @@ print(
             "mesh": list(mesh.devices.shape),
             "gathered": gathered.tolist(),
             "replicated": replicated.tolist(),
+            "via_helper": via_helper.tolist(),
         }
     ),
     flush=True,

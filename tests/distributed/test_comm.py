@@ -1,4 +1,4 @@
-"""Communication accounting: the HLO count of compiled collectives equals the count by construction."""
+"""Communication accounting: HLO counts of compiled collectives equal the counts by construction."""
 
 import jax
 import jax.numpy as jnp

@@ -6,12 +6,24 @@ import pytest
 
 from essa_jax.scaling import costmodel as cm
 
-TOY = cm.ModelSpec("toy", n_params=1e9, num_layers=2, hidden_size=8, num_heads=2, num_kv_heads=1,
-                   head_dim=4)
-HW = cm.Hardware(hbm_bandwidth=1e12, interconnect_bandwidth=1e9, collective_latency=1e-6,
-                 peak_flops=1e15, train_mfu=0.5, host_flops=1e12)
-WL = cm.Workload(prompt_tokens=10, mean_completion_tokens=20, max_completion_tokens=50,
-                 concurrent_rows=4, gen_tokens_per_s=1000.0)
+TOY = cm.ModelSpec(
+    "toy", n_params=1e9, num_layers=2, hidden_size=8, num_heads=2, num_kv_heads=1, head_dim=4
+)
+HW = cm.Hardware(
+    hbm_bandwidth=1e12,
+    interconnect_bandwidth=1e9,
+    collective_latency=1e-6,
+    peak_flops=1e15,
+    train_mfu=0.5,
+    host_flops=1e12,
+)
+WL = cm.Workload(
+    prompt_tokens=10,
+    mean_completion_tokens=20,
+    max_completion_tokens=50,
+    concurrent_rows=4,
+    gen_tokens_per_s=1000.0,
+)
 
 
 def test_generation_time_by_hand():
@@ -68,17 +80,22 @@ def test_monotone_and_limits():
     assert all(a >= b for a, b in zip(grpo, grpo[1:], strict=False))
     # Past one rollout per replica nothing shrinks: the step time is the latency floor.
     floor_essa = cm.essa_generation_time(2 * 96 * 100, model, workload=wl)
-    assert floor_essa["rollout"] == pytest.approx(
-        cm.generation_time(1, model, cm.Hardware(), wl)
-    )
+    assert floor_essa["rollout"] == pytest.approx(cm.generation_time(1, model, cm.Hardware(), wl))
     big = cm.grpo_step_time(2 * 1024 * 64, model, workload=wl)
     assert big["total"] > cm.GRPOSettings().switch_seconds + big["rollout"]
     # Throughput-bound regime (no tail, unlimited KV rows): ESSA scales linearly.
-    wl_lin = cm.Workload(max_completion_tokens=1, concurrent_rows=10**9, gpus_per_replica=1,
-                         mean_completion_tokens=600, prompt_tokens=0)
+    wl_lin = cm.Workload(
+        max_completion_tokens=1,
+        concurrent_rows=10**9,
+        gpus_per_replica=1,
+        mean_completion_tokens=600,
+        prompt_tokens=0,
+    )
     hw_free = cm.Hardware(hbm_bandwidth=math.inf, host_flops=math.inf)
-    t = {n: cm.essa_generation_time(n, cm.QWEN25_7B, hw=hw_free, workload=wl_lin)["total"]
-         for n in (8, 96)}
+    t = {
+        n: cm.essa_generation_time(n, cm.QWEN25_7B, hw=hw_free, workload=wl_lin)["total"]
+        for n in (8, 96)
+    }
     eff = cm.scaling_efficiency(t)
     assert eff[96] == pytest.approx(1.0, rel=1e-3)
 
@@ -90,7 +107,11 @@ def test_time_to_target_calibration():
     assert r16["grpo_minutes"] == pytest.approx(400.0)
     assert r16["speedup"] == pytest.approx(2.0)
     # The 128-GPU speedup is 2 x (GRPO's step-time ratio) / (ESSA's step-time ratio).
-    want = 2.0 * (r128["grpo_step_s"] / r16["grpo_step_s"]) / (r128["essa_step_s"] / r16["essa_step_s"])
+    want = (
+        2.0
+        * (r128["grpo_step_s"] / r16["grpo_step_s"])
+        / (r128["essa_step_s"] / r16["essa_step_s"])
+    )
     assert r128["speedup"] == pytest.approx(want)
     assert r128["speedup"] > r16["speedup"]
     assert out["essa_steps"] * r16["essa_step_s"] == pytest.approx(200 * 60)

@@ -28,8 +28,13 @@ def _clean_env(**extra):
 def _run(cmd, timeout, env=None):
     """subprocess.run in its own session, the whole group killed on timeout."""
     p = subprocess.Popen(
-        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env or _clean_env(),
-        cwd=ROOT, start_new_session=True, text=True,
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env=env or _clean_env(),
+        cwd=ROOT,
+        start_new_session=True,
+        text=True,
     )
     try:
         out, _ = p.communicate(timeout=timeout)
@@ -91,10 +96,10 @@ def test_single_process_initialize_is_a_noop(monkeypatch):
 
 def test_global_mesh_shapes_and_errors():
     m = D.global_mesh()
-    assert dict(m.shape) == {"population": 8, "data": 1}
+    assert dict(m.shape) == {"pop": 8, "data": 1}
     assert all(t == jax.sharding.AxisType.Auto for t in m.axis_types)
     m = D.global_mesh(data=2)
-    assert dict(m.shape) == {"population": 4, "data": 2}
+    assert dict(m.shape) == {"pop": 4, "data": 2}
     assert list(m.devices.ravel()) == jax.devices()
     with pytest.raises(ValueError, match="data=3 is invalid"):
         D.global_mesh(data=3)
@@ -108,12 +113,26 @@ def test_global_mesh_shapes_and_errors():
 def test_launcher_stops_everyone_when_one_fails():
     child = (
         "import os, sys, time; i = int(os.environ['JAX_PROCESS_ID']); "
-        "print('rank', i, 'of', os.environ['JAX_NUM_PROCESSES'], os.environ['JAX_COORDINATOR_ADDRESS'], flush=True); "
+        "e = os.environ; "
+        "print('rank', i, 'of', e['JAX_NUM_PROCESSES'], e['JAX_COORDINATOR_ADDRESS'], flush=True); "
         "time.sleep(0.5); sys.exit(7) if i == 2 else time.sleep(120)"
     )
     t0 = time.monotonic()
-    rc, out = _run([sys.executable, str(LAUNCHER), "-n", "3", "--grace", "1", "--", sys.executable,
-                    "-c", child], timeout=60)
+    rc, out = _run(
+        [
+            sys.executable,
+            str(LAUNCHER),
+            "-n",
+            "3",
+            "--grace",
+            "1",
+            "--",
+            sys.executable,
+            "-c",
+            child,
+        ],
+        timeout=60,
+    )
     assert rc == 7, out
     assert time.monotonic() - t0 < 30  # the sleepers were killed, not waited for
     assert "[launch] process 2 exited with 7" in out
@@ -122,12 +141,29 @@ def test_launcher_stops_everyone_when_one_fails():
 
 
 def test_launcher_timeout_and_signal_codes():
-    rc, out = _run([sys.executable, str(LAUNCHER), "-n", "2", "--timeout", "2", "--grace", "1",
-                    "--", sys.executable, "-c", "import time; time.sleep(60)"], timeout=60)
+    rc, out = _run(
+        [
+            sys.executable,
+            str(LAUNCHER),
+            "-n",
+            "2",
+            "--timeout",
+            "2",
+            "--grace",
+            "1",
+            "--",
+            sys.executable,
+            "-c",
+            "import time; time.sleep(60)",
+        ],
+        timeout=60,
+    )
     assert rc == 124 and "timeout" in out
     kill_self = "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"
-    rc, _ = _run([sys.executable, str(LAUNCHER), "-n", "1", "--", sys.executable, "-c", kill_self],
-                 timeout=60)
+    rc, _ = _run(
+        [sys.executable, str(LAUNCHER), "-n", "1", "--", sys.executable, "-c", kill_self],
+        timeout=60,
+    )
     assert rc == 128 + 9
 
 
@@ -138,12 +174,26 @@ def test_launcher_timeout_and_signal_codes():
 def test_two_processes_gather_fitness_and_share_a_mesh(tmp_path):
     marker = tmp_path / "main_only.txt"
     rc, out = _run(
-        [sys.executable, str(LAUNCHER), "-n", "2", "--devices-per-process", "4", "--timeout", "120",
-         "--", sys.executable, str(HERE / "allgather_worker.py"), str(marker)],
+        [
+            sys.executable,
+            str(LAUNCHER),
+            "-n",
+            "2",
+            "--devices-per-process",
+            "4",
+            "--timeout",
+            "120",
+            "--",
+            sys.executable,
+            str(HERE / "allgather_worker.py"),
+            str(marker),
+        ],
         timeout=180,
     )
     assert rc == 0, out
-    results = [json.loads(line.split("RESULT ", 1)[1]) for line in out.splitlines() if "RESULT " in line]
+    results = [
+        json.loads(line.split("RESULT ", 1)[1]) for line in out.splitlines() if "RESULT " in line
+    ]
     assert sorted(r["process_id"] for r in results) == [0, 1]
     want = (np.arange(16, dtype=np.float32) ** 2 / 7).tolist()
     for r in results:
@@ -152,6 +202,8 @@ def test_two_processes_gather_fitness_and_share_a_mesh(tmp_path):
         assert r["slice"] == [8 * r["process_id"], 8 * r["process_id"] + 8]
         np.testing.assert_allclose(r["gathered"], want, rtol=0, atol=0)
         np.testing.assert_allclose(r["replicated"], want, rtol=0, atol=0)
+        pop = np.arange(48, dtype=np.float32).reshape(16, 3)
+        np.testing.assert_array_equal(r["via_helper"], pop.sum(axis=1) + np.arange(16))
     assert marker.read_text() == "written by process 0\n"
 
 
@@ -164,8 +216,11 @@ def test_missing_peer_fails_fast_with_clear_message():
         "print('UNREACHABLE')"
     )
     t0 = time.monotonic()
-    rc, out = _run([sys.executable, "-c", code], timeout=90,
-                   env=_clean_env(XLA_FLAGS="--xla_force_host_platform_device_count=1"))
+    rc, out = _run(
+        [sys.executable, "-c", code],
+        timeout=90,
+        env=_clean_env(XLA_FLAGS="--xla_force_host_platform_device_count=1"),
+    )
     elapsed = time.monotonic() - t0
     assert rc == D.INIT_TIMEOUT_EXIT_CODE, out
     assert "UNREACHABLE" not in out
@@ -192,12 +247,23 @@ def test_peer_killed_mid_run_survivor_aborts_within_heartbeat(tmp_path):
     procs = []
     try:
         for i in range(2):
-            env = _clean_env(JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", JAX_NUM_PROCESSES="2",
-                             JAX_PROCESS_ID=str(i),
-                             XLA_FLAGS="--xla_force_host_platform_device_count=1")
-            procs.append(subprocess.Popen([sys.executable, "-c", code], env=env, cwd=ROOT,
-                                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                          text=True, start_new_session=True))
+            env = _clean_env(
+                JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}",
+                JAX_NUM_PROCESSES="2",
+                JAX_PROCESS_ID=str(i),
+                XLA_FLAGS="--xla_force_host_platform_device_count=1",
+            )
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, "-c", code],
+                    env=env,
+                    cwd=ROOT,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT,
+                    text=True,
+                    start_new_session=True,
+                )
+            )
         out0, _ = procs[0].communicate(timeout=120)
         procs[1].wait(timeout=30)
     finally:

@@ -1,4 +1,4 @@
-"""A tiny ESSA run (random 2-layer model, generated arithmetic) for the multi-process/fault tests."""
+"""A tiny ESSA run (random 2-layer model, generated arithmetic) for the fault tests."""
 
 from essa_jax.config import base_config
 

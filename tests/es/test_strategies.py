@@ -32,18 +32,18 @@ def run_loop(s, cost, mean, key, generations):
     """Plain Python loop over the public (jitted) ask / tell; maximises -cost."""
     cost = jax.jit(cost)
     state = s.init(key, mean)
-    for k in jax.random.split(key, generations):
-        pop = s.ask(k, state)
+    for g in range(generations):
+        pop = s.ask(jax.random.fold_in(key, g), state)
         state = s.tell(state, pop, -cost(pop))
     return state
 
 
 def scan_run(s, cost, state, key, generations):
-    def gen(state, k):
-        pop = s.ask(k, state)
+    def gen(state, g):
+        pop = s.ask(jax.random.fold_in(key, g), state)
         return s.tell(state, pop, -cost(pop)), state.mean
 
-    return jax.lax.scan(gen, state, jax.random.split(key, generations))
+    return jax.lax.scan(gen, state, jnp.arange(generations))
 
 
 def assert_improved(name, problem, initial, final):
@@ -55,9 +55,9 @@ def assert_improved(name, problem, initial, final):
         assert final < 1e-8 * initial, (name, problem, initial, final)
 
 
-@pytest.mark.parametrize("num_dims", [3, 10])
 @pytest.mark.parametrize("name", NAMES)
-def test_improves_in_python_loop(name, num_dims):
+def test_improves_in_python_loop(name):
+    num_dims = 3  # the scan test below covers D = 10 (each new shape costs a compile)
     s = strategy(name, num_dims)
     problems = {
         "sphere": (sphere, 1.0),
@@ -76,7 +76,7 @@ def test_improves_in_python_loop(name, num_dims):
 @pytest.mark.parametrize("name", NAMES)
 def test_improves_inside_scan_vmapped_over_problems(name):
     """One compiled lax.scan of GENERATIONS generations, vmapped over the three problems."""
-    num_dims = 6
+    num_dims = 10
     s = strategy(name, num_dims)
     ellipsoid = make_rotated_ellipsoid(num_dims)
     costs = [sphere, ellipsoid, rosenbrock]
@@ -139,8 +139,8 @@ def test_deterministic_and_orbax_round_trip(name, tmp_path):
     assert type(restored) is type(a)
 
     def cont(state):
-        for k in jax.random.split(jax.random.key(6), 5):
-            pop = s.ask(k, state)
+        for g in range(5):
+            pop = s.ask(jax.random.fold_in(jax.random.key(6), g), state)
             state = s.tell(state, pop, -sphere(pop))
         return state
 

@@ -106,5 +106,7 @@ def tiny_model():
     )
     # Larger weights than init_params' default make the distributions peaked and the greedy
     # choices robust to float reordering between batched and single-row runs.
-    params = jax.tree.map(lambda x: x * 4.0, init_params(jax.random.key(0), config))
+    params = jax.tree.map(
+        lambda x: x * 4.0, jax.jit(init_params, static_argnums=1)(jax.random.key(0), config)
+    )
     return config, params

@@ -5,7 +5,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from essa_jax.models import generate_jit, pad_left, sequence_logprobs
+from essa_jax.models import forward, generate_jit, pad_left, sequence_logprobs
 
 
 @flax.struct.dataclass
@@ -66,10 +66,8 @@ def test_lora_in_generate_equals_merged(tiny_model):
     np.testing.assert_allclose(np.asarray(a.logprobs), np.asarray(b.logprobs), atol=1e-4)
 
 
-def _naive(params, config, tokens, mask, lora, fwd=None):
-    logits = (fwd or __import__("essa_jax.models", fromlist=["forward"]).forward)(
-        params, config, tokens, attention_mask=mask, lora=lora
-    )[:, :-1]
+def _naive(params, config, tokens, mask, lora):
+    logits = forward(params, config, tokens, attention_mask=mask, lora=lora)[:, :-1]
     logp = jax.nn.log_softmax(logits, axis=-1)
     lp = jnp.take_along_axis(logp, tokens[:, 1:, None], axis=-1)[..., 0]
     ent = -jnp.sum(jnp.exp(logp) * logp, axis=-1)

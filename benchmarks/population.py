@@ -1,0 +1,340 @@
+"""Population generation throughput: ESSA's batched SVD-LoRA engine vs the alternatives.
+
+SmolLM2-135M-Instruct (the embedded GGUF, float32) generates for P members x B prompts, fixed prompt
+length and a fixed number of new tokens (greedy, EOS disabled so that every variant does the same
+work). Variants, each in its own subprocess so that its peak RSS (ru_maxrss) is its own:
+
+  population   essa_jax.population.population_generate: P*B rows, one program, shared W/U/V,
+               per-row singular values (the hot path of DESIGN.md)
+  plain        models.generate on the same P*B rows with no adapter at all (the ceiling)
+  merged       jax.vmap over members of (merge W + B'A' into q/k/v/o, generate B rows): the naive
+               batched approach, P copies of the adapted kernels
+  sequential   Python loop over members: merge (jit), generate B rows (jit), drop the merged kernels
+  hf_peft      transformers + peft, one member after another: load the member's LoRA weights with
+               set_peft_model_state_dict, HF generate B rows (torch threads = cores); P=8 only
+
+Peak memory includes the process baseline (Python, jax or torch, the model): `baseline_rss_mb` is
+the RSS right after loading the model. Timings are min over repeats after one compile/warm-up run.
+Greedy tokens of population / merged / sequential are compared (fraction of equal tokens).
+
+Run: `.venv/bin/python -m benchmarks.population` (writes experiments/results/population.json).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from benchmarks.common import peak_rss_mb, print_table, time_fn, write_results
+
+PROMPT_LEN = 32
+NEW_TOKENS = 16
+PROMPTS_PER_MEMBER = 4
+RANK = 8
+TARGETS = ("q", "k", "v", "o")
+MODEL = "smollm2-135m-instruct"
+
+
+def _setup(members: int):
+    """Model, an SFT-like rank-8 q/k/v/o adapter, SVD basis, genomes [P, D], prompts [P, B, T]."""
+    import jax
+    import jax.numpy as jnp
+
+    from essa_jax.lora import LoRA, LoraConfig, init_lora, svd_factorize
+    from essa_jax.models import load_pretrained
+
+    config, params = load_pretrained(MODEL, dtype=jnp.float32)
+    lc = LoraConfig(rank=RANK, alpha=2.0 * RANK, targets=TARGETS)
+    lora = init_lora(jax.random.key(0), config, lc)
+    rng = np.random.default_rng(0)
+    # An SFT adapter has B != 0 (a fresh one has B = 0 and degenerate s_B); small random B.
+    lora = {
+        t: LoRA(
+            a=ad.a,
+            b=jnp.asarray(0.02 * rng.standard_normal(ad.b.shape), jnp.float32),
+            scale=ad.scale,
+        )
+        for t, ad in lora.items()
+    }
+    basis, layout = svd_factorize(lora)
+    genomes = jnp.asarray(0.05 * rng.standard_normal((members, layout.size)), jnp.float32)
+    # Token ids from the ordinary text range (avoid special tokens), all rows real: fixed lengths.
+    tokens = rng.integers(100, 20000, (members, PROMPTS_PER_MEMBER, PROMPT_LEN)).astype(np.int32)
+    mask = np.ones_like(tokens)
+    return config, params, lc, basis, layout, genomes, tokens, mask
+
+
+def _worker(variant: str, members: int, repeats: int, out_dir: Path) -> dict:
+    import jax
+    import jax.numpy as jnp
+
+    config, params, lc, basis, layout, genomes, tokens, mask = _setup(members)
+    baseline = peak_rss_mb()
+    p, b, t = tokens.shape
+    key = jax.random.key(0)
+    gen_kw = dict(max_new_tokens=NEW_TOKENS, greedy=True, eos_token_ids=())
+
+    if variant == "population":
+        from essa_jax.population import population_generate
+
+        def run():
+            return population_generate(
+                params, config, basis, layout, genomes, tokens, mask, key, **gen_kw
+            ).tokens
+
+    elif variant == "plain":
+        from essa_jax.models import generate_jit
+
+        flat_t, flat_m = jnp.asarray(tokens.reshape(p * b, t)), jnp.asarray(mask.reshape(p * b, t))
+
+        def run():
+            return generate_jit(params, config, flat_t, flat_m, key, **gen_kw).tokens
+
+    elif variant == "merged":
+        from essa_jax.lora import merge_lora, svd_lora_to_lora
+        from essa_jax.models import generate
+
+        @jax.jit
+        def merged(params, basis, genomes, tokens, mask):
+            def member(genome, tok, msk):
+                merged_params = merge_lora(params, svd_lora_to_lora(basis, layout, genome))
+                return generate(merged_params, config, tok, msk, key, **gen_kw).tokens
+
+            return jax.vmap(member)(genomes, tokens, mask)
+
+        def run():
+            return merged(params, basis, genomes, tokens, mask)
+
+    elif variant == "sequential":
+        from essa_jax.lora import svd_lora_to_lora
+        from essa_jax.models import generate_jit
+
+        @jax.jit
+        def merged_kernels(basis, genome):
+            lora = svd_lora_to_lora(basis, layout, genome)
+            return {
+                name: params["layers"][name]["kernel"] + ad.delta_kernel()
+                for name, ad in lora.items()
+            }
+
+        def run():
+            outs = []
+            for i in range(p):  # the naive loop this library exists to avoid
+                kernels = merged_kernels(basis, genomes[i])
+                layers = {**params["layers"]}
+                for name, k in kernels.items():
+                    layers[name] = {**layers[name], "kernel": k}
+                member_params = {**params, "layers": layers}
+                outs.append(generate_jit(member_params, config, tokens[i], mask[i], key, **gen_kw))
+                del member_params, kernels  # "unmerge": the base params were never modified
+            return jnp.stack([o.tokens for o in outs])
+
+    elif variant == "hf_peft":
+        return _hf_worker(members, repeats, out_dir, config, lc, basis, layout, genomes, tokens)
+    else:
+        raise ValueError(f"unknown variant {variant!r}")
+
+    stats = time_fn(run, repeats=repeats, warmup=1)
+    np.save(out_dir / f"{variant}_{members}.npy", np.asarray(run()).reshape(p, b, NEW_TOKENS))
+    return {**stats, "baseline_rss_mb": baseline, "peak_rss_mb": peak_rss_mb()}
+
+
+def _hf_worker(members, repeats, out_dir, config, lc, basis, layout, genomes, tokens) -> dict:
+    import jax.numpy as jnp
+    import peft
+    import torch
+    import transformers
+
+    from essa_jax.lora import export_peft, peft_tensor_name, svd_lora_to_lora
+    from essa_jax.models import smollm2_gguf_path
+
+    torch.set_num_threads(os.cpu_count() or 1)
+    path = smollm2_gguf_path()
+    hf = transformers.AutoModelForCausalLM.from_pretrained(
+        str(path.parent), gguf_file=path.name, dtype=torch.float32
+    ).eval()
+    states = []
+    for i in range(members):
+        lora = svd_lora_to_lora(basis, layout, jnp.asarray(genomes[i]))
+        state = {}
+        for t, ad in lora.items():
+            a, b = np.asarray(ad.a), np.asarray(ad.b)
+            for layer in range(a.shape[0]):
+                state[peft_tensor_name(layer, t, "A")] = torch.from_numpy(a[layer].copy())
+                state[peft_tensor_name(layer, t, "B")] = torch.from_numpy(b[layer].copy())
+        states.append(state)
+        if i == 0:
+            export_peft(out_dir / "hf_adapter", lora, lc)
+    model = peft.PeftModel.from_pretrained(hf, str(out_dir / "hf_adapter")).eval()
+    baseline = peak_rss_mb()
+    pad = config.effective_pad_id
+
+    def run():
+        outs = []
+        with torch.no_grad():
+            for i in range(members):
+                peft.set_peft_model_state_dict(model, states[i])
+                ids = torch.from_numpy(tokens[i].astype(np.int64))
+                out = model.generate(
+                    input_ids=ids,
+                    attention_mask=torch.ones_like(ids),
+                    do_sample=False,
+                    max_new_tokens=NEW_TOKENS,
+                    min_new_tokens=NEW_TOKENS,
+                    pad_token_id=pad,
+                )
+                outs.append(out[:, ids.shape[1] :].numpy())
+        return np.stack(outs)
+
+    stats = time_fn(run, repeats=repeats, warmup=1)
+    np.save(out_dir / f"hf_peft_{members}.npy", run())
+    return {**stats, "baseline_rss_mb": baseline, "peak_rss_mb": peak_rss_mb()}
+
+
+def _spawn(variant: str, members: int, repeats: int, out_dir: Path) -> dict:
+    cmd = [
+        sys.executable,
+        "-m",
+        "benchmarks.population",
+        "--worker",
+        variant,
+        "--members",
+        str(members),
+        "--repeats",
+        str(repeats),
+        "--out",
+        str(out_dir),
+    ]
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    wall = time.perf_counter() - t0
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+    if proc.returncode != 0 or not lines:
+        tail = (proc.stderr or proc.stdout)[-1500:]
+        print(f"[{variant} P={members}] failed (rc={proc.returncode}):\n{tail}", flush=True)
+        return {"error": tail.strip().splitlines()[-1] if tail.strip() else f"rc={proc.returncode}"}
+    res = json.loads(lines[-1][len("RESULT ") :])
+    res["process_wall_s"] = wall
+    print(
+        f"[{variant} P={members}] {res['min_s']:.3f} s (peak {res['peak_rss_mb']:.0f} MiB)",
+        flush=True,
+    )
+    return res
+
+
+def _match(out_dir: Path, a: str, b: str, members: int) -> float | None:
+    fa, fb = out_dir / f"{a}_{members}.npy", out_dir / f"{b}_{members}.npy"
+    if not (fa.exists() and fb.exists()):
+        return None
+    return float(np.mean(np.load(fa) == np.load(fb)))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--worker", default=None)
+    parser.add_argument("--members", type=int, default=8)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--out", default=None)
+    parser.add_argument("--sizes", default="8,32", help="population sizes, comma separated")
+    args = parser.parse_args()
+    if args.worker:
+        res = _worker(args.worker, args.members, args.repeats, Path(args.out))
+        print("RESULT " + json.dumps(res), flush=True)
+        return
+
+    sizes = [int(s) for s in args.sizes.split(",")]
+    plan = {
+        8: ["population", "plain", "merged", "sequential", "hf_peft"],
+        32: ["population", "plain", "merged", "sequential"],
+    }
+    rows, results = [], {}
+    with tempfile.TemporaryDirectory() as tmp:
+        out_dir = Path(tmp)
+        for p in sizes:
+            repeats = 3 if p <= 8 else 2
+            for variant in plan.get(p, plan[32]):
+                res = _spawn(variant, p, repeats, out_dir)
+                results[f"{variant}_p{p}"] = res
+                if "error" in res:
+                    rows.append(
+                        {
+                            "variant": variant,
+                            "P": p,
+                            "time_s": float("nan"),
+                            "note": res["error"][:60],
+                        }
+                    )
+                    continue
+                n_tok = p * PROMPTS_PER_MEMBER * NEW_TOKENS
+                rows.append(
+                    {
+                        "variant": variant,
+                        "P": p,
+                        "time_s": res["min_s"],
+                        "new_tok_per_s": n_tok / res["min_s"],
+                        "members_per_s": p / res["min_s"],
+                        "peak_rss_mb": res["peak_rss_mb"],
+                        "baseline_rss_mb": res["baseline_rss_mb"],
+                        "compile_s": res["first_s"] - res["min_s"],
+                    }
+                )
+            for other in ("merged", "sequential", "hf_peft"):
+                m = _match(out_dir, "population", other, p)
+                if m is not None:
+                    results[f"token_match_population_vs_{other}_p{p}"] = m
+
+    def ratio(num: str, den: str) -> float | None:
+        a, b = results.get(num, {}), results.get(den, {})
+        if "min_s" in a and "min_s" in b:
+            return a["min_s"] / b["min_s"]
+        return None
+
+    summary = {}
+    for p in sizes:
+        summary[f"ratio_vs_plain_p{p}"] = ratio(f"population_p{p}", f"plain_p{p}")
+        summary[f"speedup_vs_merged_p{p}"] = ratio(f"merged_p{p}", f"population_p{p}")
+        summary[f"speedup_vs_sequential_p{p}"] = ratio(f"sequential_p{p}", f"population_p{p}")
+        for v in ("population", "plain", "merged", "sequential", "hf_peft"):
+            if "peak_rss_mb" in results.get(f"{v}_p{p}", {}):
+                summary[f"peak_rss_mb_{v}_p{p}"] = results[f"{v}_p{p}"]["peak_rss_mb"]
+    summary["speedup_vs_hf_peft_sequential_p8"] = ratio("hf_peft_p8", "population_p8")
+    print_table(
+        rows,
+        "population generation (SmolLM2-135M f32, greedy, "
+        f"{PROMPTS_PER_MEMBER} prompts x {PROMPT_LEN} tokens, {NEW_TOKENS} new tokens)",
+    )
+    print_table([{"metric": k, "value": v} for k, v in summary.items()], "summary")
+    write_results(
+        "population",
+        {
+            "setup": {
+                "model": MODEL,
+                "dtype": "float32",
+                "rank": RANK,
+                "targets": list(TARGETS),
+                "prompts_per_member": PROMPTS_PER_MEMBER,
+                "prompt_len": PROMPT_LEN,
+                "new_tokens": NEW_TOKENS,
+                "greedy": True,
+                "eos": "disabled",
+                "memory": "peak RSS (ru_maxrss) of a fresh subprocess per variant, includes "
+                "the process baseline (model loaded) given as baseline_rss_mb",
+                "timing": "min over repeats after one compile/warm-up run",
+            },
+            **summary,
+            "rows": rows,
+            "variants": results,
+        },
+    )
+
+
+if __name__ == "__main__":
+    main()

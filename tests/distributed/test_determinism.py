@@ -1,0 +1,98 @@
+"""Same seed, same ESSA run on 1 device, 1 process x 8 devices and 2 processes x 4 devices.
+
+The worker (essa_worker.py) shards the population over a mesh of every process's devices and
+gathers only the P fitness values. Layouts with the same per-device batch (1x8 and 2x4: one member
+per device) must agree bit for bit; against 1 device (all 8 members in one batch) the fitness may
+differ in the last bits (XLA's CPU matmul blocking depends on the batch), but never the ranking, so
+the CMA-ES mean must still be bit-identical.
+"""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+LAUNCHER = ROOT / "experiments" / "launch_local.py"
+WORKER = Path(__file__).resolve().parent / "essa_worker.py"
+GENERATIONS = "3"
+
+
+def _env(tmp_path, devices=None):
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID")
+    }
+    # A compilation cache shared by the three runs: the 1x8 and 2x4 programs are alike.
+    env["JAX_COMPILATION_CACHE_DIR"] = str(tmp_path / "jax_cache")
+    env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+    if devices is not None:
+        env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+    return env
+
+
+def _run(cmd, env, timeout=420):
+    p = subprocess.Popen(
+        cmd,
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        out, _ = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, 9)
+        out, _ = p.communicate()
+        pytest.fail(f"timed out after {timeout}s: {cmd}\n{out[-3000:]}")
+    assert p.returncode == 0, out[-4000:]
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+def test_essa_same_result_on_1_device_1x8_and_2x4(tmp_path):
+    py = sys.executable
+    for devices in (1, 8):
+        _run([py, str(WORKER), str(tmp_path / f"d{devices}"), GENERATIONS], _env(tmp_path, devices))
+    _run(
+        [
+            py,
+            str(LAUNCHER),
+            "-n",
+            "2",
+            "--devices-per-process",
+            "4",
+            "--timeout",
+            "400",
+            "--",
+            py,
+            str(WORKER),
+            str(tmp_path / "p2"),
+            GENERATIONS,
+        ],
+        _env(tmp_path),
+    )
+
+    one = np.load(tmp_path / "d1" / "p0.npz")
+    eight = np.load(tmp_path / "d8" / "p0.npz")
+    ranks = [np.load(tmp_path / "p2" / f"p{i}.npz") for i in range(2)]
+    assert int(one["devices"]) == 1 and int(eight["devices"]) == 8
+    assert all(int(r["devices"]) == 8 and int(r["processes"]) == 2 for r in ranks)
+    fit = one["fitness"]
+    assert fit.shape == (3, 8) and np.ptp(fit, axis=1).min() > 1e-3  # members really differ
+
+    for r in ranks:
+        # Both processes hold the same fitness and genome, equal to one process's bit for bit.
+        np.testing.assert_array_equal(r["fitness"], eight["fitness"])
+        np.testing.assert_array_equal(r["mean"], eight["mean"])
+        np.testing.assert_array_equal(r["sigma"], eight["sigma"])
+    np.testing.assert_allclose(eight["fitness"], fit, rtol=0, atol=1e-5)
+    np.testing.assert_array_equal(np.argsort(-eight["fitness"], axis=1), np.argsort(-fit, axis=1))
+    np.testing.assert_array_equal(eight["mean"], one["mean"])
+    assert np.abs(one["mean"]).max() > 0  # the strategy moved
