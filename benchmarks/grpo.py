@@ -124,8 +124,16 @@ def bench_trl(texts: list[str], answers: list[str]) -> dict[str, float]:
 
     gguf = smollm2_gguf_path()
     model = AutoModelForCausalLM.from_pretrained(
-        str(gguf.parent), gguf_file=gguf.name, torch_dtype=torch.float32
+        str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32
     )
+    # transformers dequantises GGUF into plain float32 nn.Linear weights but keeps a GGUF
+    # "quantizer" marker, which makes Trainer refuse to train; the weights are not quantized.
+    if not all(p.dtype == torch.float32 for p in model.parameters()):
+        raise RuntimeError("expected float32 weights after GGUF dequantisation")
+    model.hf_quantizer = None
+    model.is_quantized = False
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
     tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     tok.padding_side = "left"
     peft_cfg = PeftLoraConfig(
@@ -226,6 +234,7 @@ def main() -> None:
 
     texts, answers = _prompts(load_tokenizer("smollm2-135m-instruct"))
     ours = bench_ours(texts, answers)
+    print("ours:", ours, flush=True)
     trl = bench_trl(texts, answers)
     res = {
         "settings": {

@@ -179,6 +179,8 @@ def main() -> None:
             }
         )
         print_table(rows[-1:], f"batch {B}")
+        # Written after every batch so that a run cut short still leaves its numbers.
+        write_results("model_generation", {**results, "peak_rss_mb": peak_rss_mb()})
     results["peak_rss_mb"] = peak_rss_mb()
     print_table(
         rows,

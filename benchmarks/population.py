@@ -241,7 +241,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--worker", default=None)
     parser.add_argument("--members", type=int, default=8)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=2, help="timed runs (P=8; P=32 uses half)")
     parser.add_argument("--out", default=None)
     parser.add_argument("--sizes", default="8,32", help="population sizes, comma separated")
     args = parser.parse_args()
@@ -259,7 +259,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         out_dir = Path(tmp)
         for p in sizes:
-            repeats = 3 if p <= 8 else 2
+            repeats = args.repeats if p <= 8 else max(1, args.repeats // 2)
             for variant in plan.get(p, plan[32]):
                 res = _spawn(variant, p, repeats, out_dir)
                 results[f"{variant}_p{p}"] = res

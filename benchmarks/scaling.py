@@ -41,7 +41,7 @@ def _child(spec: dict) -> None:
 
     from benchmarks.common import time_fn
     from essa_jax.scaling import comm
-    from essa_jax.scaling.probe import make_mesh_essa
+    from essa_jax.scaling.probe import lora_gradient_traffic, make_mesh_essa
 
     info = D.process_info()
     out: dict = {
@@ -82,52 +82,10 @@ def _child(spec: dict) -> None:
             }
         )
     if spec.get("grad"):
-        out["grad"] = _lora_grad_bytes()
+        out["grad"] = lora_gradient_traffic()
     if D.is_main_process():
         print("RESULT " + json.dumps(out), flush=True)
     D.shutdown()
-
-
-def _lora_grad_bytes() -> dict:
-    """HLO bytes of a data-parallel LoRA gradient on the tiny model (batch sharded over all
-    devices, adapter replicated): the all-reduce GRPO pays per update."""
-    import jax
-    import jax.numpy as jnp
-    from jax.sharding import NamedSharding
-    from jax.sharding import PartitionSpec as P
-
-    from essa_jax import distributed as D
-    from essa_jax import lora as lora_lib
-    from essa_jax.models import forward
-    from essa_jax.scaling import comm
-    from essa_jax.train.tiny import tiny_model
-
-    cfg, params = tiny_model("tiny", 0)
-    lcfg = lora_lib.LoraConfig(rank=8, alpha=16.0, targets=("q", "k", "v", "o"))
-    lora = lora_lib.init_lora(jax.random.PRNGKey(1), cfg, lcfg)
-    mesh = D.global_mesh()
-    n = jax.device_count()
-    tokens = jax.device_put(
-        jax.random.randint(jax.random.PRNGKey(2), (2 * n, 12), 3, 99),
-        NamedSharding(mesh, P(D.POPULATION_AXIS)),
-    )
-
-    def loss(lo, params, tokens):
-        logits = forward(params, cfg, tokens[:, :-1], lora=lo)
-        logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
-        return -jnp.mean(jnp.take_along_axis(logp, tokens[:, 1:, None], axis=-1))
-
-    grad_fn = jax.jit(jax.grad(loss), out_shardings=NamedSharding(mesh, P()))
-    got = comm.count_collectives(grad_fn, lora, params, tokens)
-    want = comm.grpo_step_bytes(comm.tree_bytes(lora), n)
-    return {
-        "lora_bytes": comm.tree_bytes(lora),
-        "hlo_payload_bytes": got.payload_bytes,
-        "hlo_by_kind": got.by_kind,
-        "construction_payload_bytes": want.payload_bytes,
-        "hlo_wire_bytes_per_device": got.wire_bytes_per_device,
-        "construction_wire_bytes_per_device": want.wire_bytes_per_device,
-    }
 
 
 # -------------------------------------------------------------------------------------------

@@ -2,9 +2,9 @@
 
 Every file in `experiments/configs/` starts from `base_config()` (all fields, with defaults and a
 comment each), overrides what the experiment needs and returns the result from `get_config()`.
-`essa_jax.main` locks the config (an unknown `--config.x=...` field is refused by ml_collections) and
-calls `validate_config` before any model is loaded or any function compiled: a wrong field fails in
-a second with a message naming the field, the value given and the values that would be valid.
+`essa_jax.main` locks the config (ml_collections refuses an unknown `--config.x=...` field)
+and calls `validate_config` before any model is loaded or any function compiled: a wrong field
+fails in a second with a message naming the field, the value given and the values that are valid.
 
 Symbols follow the papers: ESSA (arXiv 2507.04453) for `lora` / `essa`, F-GRPO (arXiv 2602.06717)
 for `grpo` (N = group_size, gamma = focal_gamma, eps_low / eps_high, beta).
@@ -12,6 +12,7 @@ for `grpo` (N = group_size, gamma = focal_gamma, eps_low / eps_high, beta).
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from collections.abc import Sequence
@@ -63,15 +64,24 @@ def base_config() -> ml_collections.ConfigDict:
     c.model.dtype = "float32"
 
     c.task = ml_collections.ConfigDict()
-    # Task name of essa_jax.data (e.g. "add_2d", "gsm8k"); file-backed tasks need `path`.
+    # A generated task of essa_jax.data ("add_2d", "sub_2d", "mul_1d", "arith_mixed",
+    # "word_problems", ...), or a label for a local dataset read from `path`.
     c.task.name = "add_2d"
-    c.task.path = ""
-    # Prompt format of the task ("prefill": the assistant turn starts with "A + B = ").
+    c.task.path = ""  # local train file / folder (gsm8k, MATH-style, generic); "" = generated
+    c.task.eval_path = ""  # local held-out file; "" = split `eval_fraction` off `path`
+    c.task.eval_fraction = 0.05
+    # essa_jax.data prompt format: "prefill" (chat + the assistant turn started with "A + B = "),
+    # "chat", "plain" (base models), "few_shot".
     c.task.prompt_format = "prefill"
+    # System message: "default" = the chat template's own (SmolLM2 inserts a 16-token one); any
+    # other string (also "") is sent as the system message.
+    c.task.system_prompt = "default"
+    c.task.instruction = ""  # appended to every question
+    c.task.reward = ""  # reward name of essa_jax.rewards; "" = by format (arith / math)
     c.task.num_train = 2000
     # Held-out problems, evaluated greedily (accuracy with a 95% Wilson interval).
     c.task.num_heldout = 200
-    # Prompts are truncated (left) to this many tokens; keep them short, they cost every candidate.
+    # Longer prompts are dropped (and counted); keep prompts short, they cost every candidate.
     c.task.max_prompt_tokens = 64
 
     c.lora = ml_collections.ConfigDict()
@@ -125,7 +135,9 @@ def base_config() -> ml_collections.ConfigDict:
     c.generation.max_new_tokens = 6
 
     c.eval = ml_collections.ConfigDict()
-    c.eval.every = 10  # held-out eval of the current policy / ES mean every this many steps; 0 = end only
+    c.eval.every = (
+        10  # held-out eval of the current policy / ES mean every this many steps; 0 = end only
+    )
     # pass@k on the held-out set at the end: `pass_k_samples` samples per problem at temperature 1,
     # unbiased estimator 1 - C(n-c, k)/C(n, k) for every k in pass_k. 0 samples = skip.
     c.eval.pass_k_samples = 0
@@ -163,6 +175,7 @@ def model_dims(config) -> dict[str, tuple[int, int]] | None:
     }
 
 
+@functools.lru_cache(maxsize=16)
 def peek_model_config(path: str):
     """The ModelConfig of `path` without reading weights; None if it needs a full load."""
     from essa_jax.models.config import ModelConfig
@@ -252,8 +265,10 @@ def validate_config(config, num_devices: int | None = None) -> None:
 
     # LoRA.
     targets = tuple(config.lora.targets)
-    if not targets or any(t not in LORA_TARGETS for t in targets) or len(set(targets)) != len(
-        targets
+    if (
+        not targets
+        or any(t not in LORA_TARGETS for t in targets)
+        or len(set(targets)) != len(targets)
     ):
         raise ConfigError("lora.targets", targets, f"non-empty distinct subsets of {LORA_TARGETS}")
     if not isinstance(config.lora.rank, int) or config.lora.rank < 1:

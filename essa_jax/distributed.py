@@ -201,6 +201,13 @@ def initialize(
     single = (num_processes in (None, 1)) and coordinator_address is None and not auto_detect
     if single or num_processes == 1:
         return process_info()
+    if not auto_detect and (num_processes is None or process_id is None):
+        raise ValueError(
+            f"coordinator_address={coordinator_address!r} is set but "
+            f"num_processes={num_processes!r} / process_id={process_id!r} are not: "
+            f"give both (arguments or {ENV_NUM_PROCESSES} / "
+            f"{ENV_PROCESS_ID}), or pass auto_detect=True on a SLURM / Open MPI / TPU cluster"
+        )
     if _backend_started():
         raise RuntimeError(
             "essa_jax.distributed.initialize must run before any JAX computation in this process "

@@ -1,4 +1,6 @@
-"""Command line: `python -m essa_jax.main --config experiments/configs/<name>.py --workdir runs/<name>`.
+"""Command line of essa_jax.
+
+    python -m essa_jax.main --config experiments/configs/<name>.py --workdir runs/<name>
 
 Override any field with `--config.<field>=<value>` (e.g. `--config.essa.population_size=24`); an
 unknown field is an error (the config is locked). The config is validated before the model is
@@ -34,11 +36,15 @@ def define_flags(
             sys_argv=list(sys_argv) if sys_argv is not None else None,
         ),
         "workdir": flags.DEFINE_string(
-            "workdir", None, "Directory for checkpoints, metrics and results.",
+            "workdir",
+            None,
+            "Directory for checkpoints, metrics and results.",
             flag_values=flag_values,
         ),
         "resume": flags.DEFINE_bool(
-            "resume", False, "Require a checkpoint in --workdir and resume it.",
+            "resume",
+            False,
+            "Require a checkpoint in --workdir and resume it.",
             flag_values=flag_values,
         ),
         "resume_auto": flags.DEFINE_bool(

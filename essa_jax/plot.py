@@ -98,11 +98,81 @@ def table(parent: str) -> list[dict[str, Any]]:
     return rows
 
 
+def _summaries(parent: str) -> dict[str, dict[str, Any]]:
+    out = {}
+    for name in sorted(os.listdir(parent)):
+        path = os.path.join(parent, name, "summary.json")
+        if os.path.exists(path):
+            with open(path) as f:
+                out[name] = json.load(f)
+    return out
+
+
+def compare(parent: str, json_out: str, png_out: str | None = None) -> dict[str, Any]:
+    """Method comparison of the runs in `parent` (one per method, named by method) -> JSON + PNG.
+
+    Fields: heldout_n, sft_heldout_acc (and its CI), <method>_heldout_acc / _ci, <method>_wall_s,
+    <method>_tokens, <method>_pass_at_<k> for every k the runs measured.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sums = _summaries(parent)
+    if not sums:
+        raise FileNotFoundError(f"no summary.json under {parent}")
+    first = next(iter(sums.values()))
+    out: dict[str, Any] = {
+        "heldout_n": first["heldout_n"],
+        "sft_heldout_acc": first["sft_heldout_acc"],
+        "sft_heldout_ci": first["sft_heldout_ci"],
+    }
+    for s in sums.values():
+        m = s["method"]
+        out[f"{m}_heldout_acc"] = s["final_heldout_acc"]
+        out[f"{m}_heldout_ci"] = s["final_heldout_ci"]
+        out[f"{m}_wall_s"] = s["train_wall_seconds"]
+        out[f"{m}_tokens"] = s["generated_tokens"]
+        out[f"{m}_steps"] = s["steps"]
+        for k, v in s.items():
+            if k.startswith("pass_at_"):
+                out[f"{m}_{k}"] = v
+    os.makedirs(os.path.dirname(os.path.abspath(json_out)), exist_ok=True)
+    with open(json_out, "w") as f:
+        json.dump(out, f, indent=2)
+        f.write("\n")
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    runs = find_runs(parent)
+    for name, s in sums.items():
+        ev = [r for r in runs.get(name, []) if r["phase"] == "eval"]
+        axes[0].plot(
+            [r["wall_s"] for r in ev], [r["acc"] for r in ev], marker="o", label=s["method"]
+        )
+        ks = sorted(int(k[len("pass_at_") :]) for k in s if k.startswith("pass_at_"))
+        if ks:
+            axes[1].plot(ks, [s[f"pass_at_{k}"] for k in ks], marker="o", label=s["method"])
+    axes[0].set(xlabel="training wall-clock (s)", ylabel="held-out accuracy (greedy)")
+    axes[1].set(xlabel="k", ylabel="held-out pass@k (T = 1)", xscale="log", title="after training")
+    for ax in axes:
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    png_out = png_out or os.path.splitext(json_out)[0] + ".png"
+    fig.savefig(png_out, dpi=110)
+    plt.close(fig)
+    return out
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
-    if len(argv) != 1:
-        raise SystemExit("usage: python -m essa_jax.plot <folder of runs>")
+    if len(argv) not in (1, 3) or (len(argv) == 3 and argv[1] != "--json"):
+        raise SystemExit("usage: python -m essa_jax.plot <folder of runs> [--json results.json]")
     parent = argv[0]
+    if len(argv) == 3:
+        res = compare(parent, argv[2])
+        print(json.dumps(res, indent=2))
     path = overlay(parent)
     rows = table(parent)
     if rows:

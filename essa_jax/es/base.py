@@ -83,7 +83,9 @@ def check_tell_shapes(population: jax.Array, fitness: jax.Array, p: int, d: int)
     if population.shape != (p, d):
         raise ValueError(f"population must have shape ({p}, {d}), got {population.shape}")
     if fitness.shape != (p,):
-        raise ValueError(f"fitness must have shape ({p},) (one value per member), got {fitness.shape}")
+        raise ValueError(
+            f"fitness must have shape ({p},) (one value per member), got {fitness.shape}"
+        )
 
 
 def default_population_size(num_dims: int) -> int:

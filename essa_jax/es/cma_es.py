@@ -8,7 +8,7 @@ several:
   same algorithm as pycma with ``CMA_active=False``.
 - The eigendecomposition C = B diag(D^2) B^T is refreshed lazily, every ``eigen_interval``
   generations (tutorial, Sec. B.2: roughly every 1 / ((c_1 + c_mu) n 10) generations), after
-  symmetrising C; eigenvalues are floored at ``max_eigenvalue * eps(dtype)`` so that B, D stay finite.
+  symmetrising C; eigenvalues are floored at ``max_eigenvalue * eps(dtype)`` so B, D stay finite.
   It happens inside ``tell`` under a ``lax.cond`` on the generation counter, so ``ask`` only reads
   the state. Under ``vmap`` the cond becomes a select and every generation pays for ``eigh``.
 - Fitness is MAXIMISED: candidates are ranked best = largest fitness. Non-finite fitness ranks last;
@@ -33,11 +33,11 @@ from essa_jax.es import base
 class CMAESState:
     """Everything needed to resume a CMA-ES run. Shapes: D = num_dims.
 
-    mean [D], sigma [] (step size), p_sigma [D] and p_c [D] (evolution paths), C [D, D] (covariance),
-    B [D, D] and D [D] (eigenvectors and square-rooted eigenvalues of C at the last refresh, the
-    tutorial's B and D), generation [] (completed tells), best_member [D] / best_fitness [] (best
-    seen so far, -inf before any finite fitness), generation_best_fitness [] (this generation's),
-    num_nonfinite [] (non-finite fitness values in the last generation), update_norm [] (||m' - m||).
+    mean [D]; sigma [] (step size); p_sigma [D], p_c [D] (evolution paths); C [D, D] (covariance);
+    B [D, D], D [D] (eigenvectors and square-rooted eigenvalues of C at the last refresh, the
+    tutorial's B and D); generation [] (completed tells); best_member [D], best_fitness [] (best
+    seen so far, -inf before any finite fitness); generation_best_fitness [] (this generation's);
+    num_nonfinite [] (non-finite fitness values in the last generation); update_norm [] (|m' - m|).
     """
 
     mean: jax.Array

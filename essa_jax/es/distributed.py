@@ -25,7 +25,7 @@ FitnessFn = Callable[[jax.Array], Any]
 
 
 def shard_bounds(population_size: int, num_shards: int, shard_index: int) -> tuple[int, int]:
-    """[start, stop) rows of the padded population evaluated by shard `shard_index` of `num_shards`."""
+    """[start, stop) rows of the padded population that shard `shard_index` of `num_shards` gets."""
     if num_shards < 1 or not 0 <= shard_index < num_shards:
         raise ValueError(
             f"shard_index must lie in [0, num_shards) with num_shards >= 1, got "
@@ -49,7 +49,8 @@ def evaluate_across_processes(fitness_fn: FitnessFn, population: jax.Array) -> j
 
     `population` [P, D] must be identical on every process (same state and key to `ask`);
     `fitness_fn` maps a [S, D] shard to [S] fitness values (any Python code: it runs eagerly on the
-    host, e.g. generation plus reward). Returns fitness [P] (float32), identical on every process.
+    host, e.g. generation plus reward). Returns fitness [P] in the population's dtype, identical on
+    every process.
     Uses jax.experimental.multihost_utils.process_allgather (gloo on CPU); with one process it
     simply evaluates everything.
     """
@@ -57,7 +58,7 @@ def evaluate_across_processes(fitness_fn: FitnessFn, population: jax.Array) -> j
     p = population.shape[0]
     padded = pad_population(population, n)
     start, stop = shard_bounds(p, n, i)
-    local = np.asarray(fitness_fn(padded[start:stop]), dtype=np.float32)
+    local = np.asarray(fitness_fn(padded[start:stop]), dtype=population.dtype)
     if local.shape != (stop - start,):
         raise ValueError(
             f"fitness_fn must return one value per member of its shard, shape ({stop - start},), "
@@ -88,7 +89,9 @@ def evaluate_across_devices(
             axis_types=(jax.sharding.AxisType.Auto,),
         )
     if axis_name not in mesh.shape:
-        raise ValueError(f"axis_name {axis_name!r} is not a mesh axis; mesh axes: {mesh.axis_names}")
+        raise ValueError(
+            f"axis_name {axis_name!r} is not a mesh axis; mesh axes: {mesh.axis_names}"
+        )
     n, p = mesh.shape[axis_name], population.shape[0]
 
     def local(shard: jax.Array) -> jax.Array:

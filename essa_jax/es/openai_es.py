@@ -158,9 +158,7 @@ class OpenAIES:
             "update_norm": state.update_norm,
         }
 
-    def _update(
-        self, s: OpenAIESState, population: jax.Array, fitness: jax.Array
-    ) -> OpenAIESState:
+    def _update(self, s: OpenAIESState, population: jax.Array, fitness: jax.Array) -> OpenAIESState:
         dt = s.mean.dtype
         eps = (population.astype(dt) - s.mean) / s.sigma
         shaped = self.shaping_fn(fitness).astype(dt)

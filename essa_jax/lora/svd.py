@@ -15,8 +15,10 @@ diagonal scalings inside the low-rank path.
 Genome (our choice; the paper gives only its length): a flat vector of offsets added to the SFT
 singular values, so the zero genome is the SFT adapter. With alpha_frac < 1 only the
 k = ceil(alpha_frac * r) largest singular values of each factor are searched (the paper's alpha);
-the others stay at their SFT value. The order of the genome is target-major, then factor
-(A before B), then layer, then singular-value index (largest first):
+the others stay at their SFT value. The order of the genome is target-major (targets sorted
+by name, the order in which jax flattens dicts: "down", "gate", "k", "o", "q", "up", "v"), then
+factor (A before B), then layer, then singular-value index (largest
+first):
 
     genome = concat_t concat_{f in (A, B)} (offsets[t, f] of shape [L, k]).ravel()
 
@@ -35,6 +37,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from essa_jax.lora.adapter import LoRA
+from essa_jax.lora.config import VALID_TARGETS
 
 FACTORS = ("a", "b")
 
@@ -217,6 +220,15 @@ def num_free_values(rank: int, alpha_frac: float) -> int:
     return max(1, min(rank, math.ceil(alpha_frac * rank - 1e-9)))
 
 
+def canonical_targets(targets) -> tuple[str, ...]:
+    """Targets in genome order: sorted by name, as jax flattens dicts (so an adapter dict that went
+    through jit, tree.map or a checkpoint keeps the same order)."""
+    unknown = set(targets) - set(VALID_TARGETS)
+    if unknown:
+        raise ValueError(f"unknown targets {sorted(unknown)}; valid: {VALID_TARGETS}")
+    return tuple(sorted(targets))
+
+
 def svd_factorize(lora: dict[str, LoRA], alpha_frac: float = 1.0) -> tuple[SVDBasis, GenomeLayout]:
     """Thin SVD of each factor of each adapter (ESSA Eq. 2), computed on host in float64.
 
@@ -256,7 +268,7 @@ def svd_factorize(lora: dict[str, LoRA], alpha_frac: float = 1.0) -> tuple[SVDBa
             scale=ad.scale,
         )
     layout = GenomeLayout(
-        targets=tuple(lora),
+        targets=canonical_targets(lora),
         num_layers=num_layers,
         rank=rank,
         num_free=num_free_values(rank, alpha_frac),
@@ -265,7 +277,8 @@ def svd_factorize(lora: dict[str, LoRA], alpha_frac: float = 1.0) -> tuple[SVDBa
 
 
 def _check(basis: SVDBasis, layout: GenomeLayout) -> None:
-    if tuple(basis.factors) != layout.targets:
+    # Compare as sets: pytree flattening (jit, tree.map) re-orders dict keys.
+    if set(basis.factors) != set(layout.targets):
         raise ValueError(
             f"basis targets {tuple(basis.factors)} differ from layout targets {layout.targets}"
         )

@@ -20,9 +20,12 @@ Two sizes are reported per collective:
   (n-1)/n x S, all-reduce 2 (n-1)/n x S (a reduce-scatter then an all-gather), all-to-all
   (n-1)/n x S, collective-permute S per sending device, with S the full value's bytes.
 
-Limits of the HLO count: an op inside a loop body (``while``, e.g. a scan over layers) is counted
-once per static occurrence, not per iteration; the CPU backend upcasts bf16 all-reduces to f32 (so
-on CPU the HLO shows twice the bytes of a bf16 gradient; accelerators keep bf16).
+Loops: an op inside a ``while`` body (a scan over layers: the per-layer gradient all-reduce of a
+LoRA) runs once per iteration; `Collective.count` is the product of the ``known_trip_count`` of
+every enclosing loop (XLA records it in the while op's backend_config), and totals multiply by it.
+A loop without a known trip count counts once and sets ``trip_count_known=False``. Conditionals
+count every branch (an upper bound). The CPU backend upcasts bf16 all-reduces to f32 (so on CPU
+the HLO shows twice the bytes of a bf16 gradient; accelerators keep bf16).
 """
 
 from __future__ import annotations
@@ -82,8 +85,13 @@ class Collective:
     shapes: tuple[tuple[int, ...], ...]  # result arrays (a tuple result has several)
     group_size: int  # devices per replica group (n)
     num_pairs: int  # collective-permute: source->target pairs; 0 otherwise
-    payload_bytes: float  # full gathered / reduced value (see module docstring)
-    wire_bytes_per_device: float  # ring-algorithm bytes sent per participating device
+    payload_bytes: float  # full gathered / reduced value (see module docstring), per execution
+    wire_bytes_per_device: (
+        float  # ring-algorithm bytes sent per participating device, per execution
+    )
+    computation: str = ""  # HLO computation holding the op
+    count: int = 1  # executions per program run (product of enclosing loops' trip counts)
+    trip_count_known: bool = True
 
 
 def _array_bytes(dtype: str, dims: Sequence[int]) -> float:
@@ -137,6 +145,61 @@ def _instruction_lines(hlo_text: str) -> Iterable[str]:
     return hlo_text.splitlines()
 
 
+_COMP_HEADER = re.compile(r"^\s*(?P<entry>ENTRY\s+)?%?(?P<name>[\w.\-]+)\s*\(.*\)\s*->\s*.*\{\s*$")
+_CALLEE = re.compile(
+    r"\b(?P<attr>body|condition|calls|to_apply|true_computation|false_computation)=%?(?P<name>[\w.\-]+)"
+)
+_BRANCHES = re.compile(r"branch_computations=\{(?P<body>[^}]*)\}")
+_TRIP = re.compile(r'"known_trip_count":\{"n":"(?P<n>\d+)"\}')
+
+
+def _computation_of_lines(lines: Sequence[str]) -> tuple[list[str], str | None]:
+    """The computation each line belongs to, and the entry computation's name."""
+    owner, current, entry = [], "", None
+    for line in lines:
+        m = _COMP_HEADER.match(line)
+        if m is not None:
+            current = m.group("name")
+            if m.group("entry"):
+                entry = current
+        owner.append(current)
+    return owner, entry
+
+
+def _multiplicities(lines: Sequence[str], owner: Sequence[str], entry: str | None):
+    """(executions per run, all trip counts known?) of every computation reachable from entry."""
+    edges: dict[str, list[tuple[str, int, bool]]] = {}
+    for line, comp in zip(lines, owner, strict=True):
+        callees = [(m.group("attr"), m.group("name")) for m in _CALLEE.finditer(line)]
+        b = _BRANCHES.search(line)
+        if b:
+            callees += [("branch", n.strip().lstrip("%")) for n in b.group("body").split(",")]
+        if not callees:
+            continue
+        trip = _TRIP.search(line)
+        for attr, name in callees:
+            if attr == "body":
+                n, known = (int(trip.group("n")), True) if trip else (1, False)
+            elif attr == "condition":
+                n, known = (int(trip.group("n")) + 1, True) if trip else (1, False)
+            else:
+                n, known = 1, True
+            edges.setdefault(comp, []).append((name, n, known))
+    mult: dict[str, tuple[int, bool]] = {}
+
+    def visit(comp: str, m: int, known: bool, depth: int) -> None:
+        if depth > 64:  # HLO call graphs are acyclic; this only guards a malformed text
+            return
+        old_m, old_k = mult.get(comp, (0, True))
+        mult[comp] = (old_m + m, old_k and known)
+        for callee, n, k in edges.get(comp, ()):
+            visit(callee, m * n, known and k, depth + 1)
+
+    if entry is not None:
+        visit(entry, 1, True, 0)
+    return mult
+
+
 def parse_collectives(hlo_text: str, num_devices: int | None = None) -> list[Collective]:
     """Every collective op of an HLO module's text (optimised, i.e. ``compiled.as_text()``).
 
@@ -145,16 +208,19 @@ def parse_collectives(hlo_text: str, num_devices: int | None = None) -> list[Col
     """
     out: list[Collective] = []
     lines = list(_instruction_lines(hlo_text))
+    owner, entry = _computation_of_lines(lines)
+    mult = _multiplicities(lines, owner, entry)
     # The replica groups / pairs of an async pair live on its -start half.
     starts = {}
     for line in lines:
         m = _INSTR.match(line)
         if m is not None and m.group("suffix") == "-start":
             starts[m.group("name")] = line
-    for line in lines:
+    for line, comp in zip(lines, owner, strict=True):
         m = _INSTR.match(line)
         if m is None or m.group("suffix") == "-start":
             continue
+        count, known = mult.get(comp, (1, True))
         kind, arrays = m.group("op"), _parse_arrays(m.group("shape"))
         if not arrays:
             continue
@@ -187,6 +253,9 @@ def parse_collectives(hlo_text: str, num_devices: int | None = None) -> list[Col
                 num_pairs=n_pairs,
                 payload_bytes=float(full),
                 wire_bytes_per_device=float(wire),
+                computation=comp,
+                count=max(count, 1),
+                trip_count_known=known,
             )
         )
     return out
@@ -208,21 +277,24 @@ def hlo_collectives(fn: Callable, *args: Any, **kwargs: Any) -> list[Collective]
 class CommSummary:
     """Totals over a program's collectives."""
 
-    num_ops: int
+    num_ops: int  # executed collectives per run (loop iterations counted)
     payload_bytes: float
     wire_bytes_per_device: float
     by_kind: dict[str, float]  # payload bytes per kind
+    trip_counts_known: bool = True
 
 
 def summarize(collectives: Sequence[Collective]) -> CommSummary:
+    """Totals per program run: every op weighted by its `count` (loop trip counts)."""
     by_kind: dict[str, float] = {}
     for c in collectives:
-        by_kind[c.kind] = by_kind.get(c.kind, 0.0) + c.payload_bytes
+        by_kind[c.kind] = by_kind.get(c.kind, 0.0) + c.count * c.payload_bytes
     return CommSummary(
-        num_ops=len(collectives),
-        payload_bytes=float(sum(c.payload_bytes for c in collectives)),
-        wire_bytes_per_device=float(sum(c.wire_bytes_per_device for c in collectives)),
+        num_ops=int(sum(c.count for c in collectives)),
+        payload_bytes=float(sum(c.count * c.payload_bytes for c in collectives)),
+        wire_bytes_per_device=float(sum(c.count * c.wire_bytes_per_device for c in collectives)),
         by_kind=by_kind,
+        trip_counts_known=all(c.trip_count_known for c in collectives),
     )
 
 

@@ -21,11 +21,14 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from essa_jax import distributed as D
 from essa_jax import lora as lora_lib
 from essa_jax.es import get_strategy
+from essa_jax.models import forward
+from essa_jax.scaling import comm
 from essa_jax.train.rollouts import Sampler
 from essa_jax.train.tiny import tiny_model
 
@@ -135,3 +138,35 @@ def make_mesh_essa(
     )
     shared = D.host_to_global((params, basis, tokens, mask), mesh)
     return MeshESSA(strategy, layout, mesh, fn, shared, k_run), state
+
+
+def lora_gradient_traffic(rank: int = 8, preset: str = "tiny") -> dict:
+    """HLO vs by-construction bytes of a data-parallel LoRA gradient of the tiny model (batch
+    sharded over every device of `D.global_mesh()`, adapter replicated): the all-reduce GRPO pays
+    per optimizer update (essa_jax.scaling.comm)."""
+    cfg, params = tiny_model(preset, 0)
+    lcfg = lora_lib.LoraConfig(rank=rank, alpha=2.0 * rank, targets=("q", "k", "v", "o"))
+    lora = lora_lib.init_lora(jax.random.PRNGKey(1), cfg, lcfg)
+    mesh = D.global_mesh()
+    n = jax.device_count()
+    tokens = jax.device_put(
+        jax.random.randint(jax.random.PRNGKey(2), (2 * n, 12), 3, 99),
+        NamedSharding(mesh, P(D.POPULATION_AXIS)),
+    )
+
+    def loss(lo, params, tokens):
+        logits = forward(params, cfg, tokens[:, :-1], lora=lo)
+        logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+        return -jnp.mean(jnp.take_along_axis(logp, tokens[:, 1:, None], axis=-1))
+
+    grad_fn = jax.jit(jax.grad(loss), out_shardings=NamedSharding(mesh, P()))
+    got = comm.count_collectives(grad_fn, lora, params, tokens)
+    want = comm.grpo_step_bytes(comm.tree_bytes(lora), n)
+    return {
+        "lora_bytes": comm.tree_bytes(lora),
+        "hlo_payload_bytes": got.payload_bytes,
+        "hlo_by_kind": got.by_kind,
+        "construction_payload_bytes": want.payload_bytes,
+        "hlo_wire_bytes_per_device": got.wire_bytes_per_device,
+        "construction_wire_bytes_per_device": want.wire_bytes_per_device,
+    }

@@ -1,4 +1,4 @@
-"""Checkpoints that resume a run exactly: orbax CheckpointManager, one item for arrays, one for JSON.
+"""Checkpoints that resume a run exactly: orbax CheckpointManager, arrays + a JSON item.
 
 A checkpoint at step t holds the whole loop state after t steps (strategy or optimiser state,
 adapter / SVD basis, PRNG key, data cursor, counters) as a pytree, plus a JSON item (metrics

@@ -112,7 +112,9 @@ class GRPOLoop:
 
     def step(self, state: GRPOLoopState) -> tuple[GRPOLoopState, dict[str, float], int]:
         run = self.run
-        idx = batch_indices(run.config.seed + 2, int(state.cursor), self.num_prompts, len(run.train))
+        idx = batch_indices(
+            run.config.seed + 2, int(state.cursor), self.num_prompts, len(run.train)
+        )
         batch = run.train.take(idx)
         policy = FrozenPolicy(base=run.params, adapter=state.frozen)
         new, m = self.trainer.step(

@@ -33,7 +33,7 @@ from essa_jax.train.checkpoint import Checkpointer
 from essa_jax.train.metrics import MetricsLogger, Progress
 from essa_jax.train.rollouts import PromptSet, Sampler, heldout_accuracy, heldout_pass_at_k
 from essa_jax.train.sft import train_sft
-from essa_jax.train.tasks import encode_examples
+from essa_jax.train.tasks import encode_split
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 
@@ -107,15 +107,10 @@ def build_run(config, workdir: str, *, verbose: bool = True) -> Run:
     lora_config.validate_for(model_config)
     eos = tuple(model_config.eos_token_ids) or (tokenizer.eos_token_id,)
     pad = model_config.effective_pad_id
-    train_ex, heldout_ex, reward_fn = load_task(config.task, config.seed)
-    train, dropped_train = encode_examples(
-        tokenizer, train_ex, max_prompt_tokens=config.task.max_prompt_tokens, pad_id=pad,
-        eos_id=eos[0],
-    )
-    heldout, dropped_heldout = encode_examples(
-        tokenizer, heldout_ex, max_prompt_tokens=config.task.max_prompt_tokens, pad_id=pad,
-        eos_id=eos[0],
-    )
+    task, reward_fn = load_task(config.task, config.seed)
+    enc = dict(max_prompt_tokens=config.task.max_prompt_tokens, pad_id=pad, eos_id=eos[0])
+    train, dropped_train = encode_split(tokenizer, task.train, task, **enc)
+    heldout, dropped_heldout = encode_split(tokenizer, task.eval, task, **enc)
     sampler = Sampler(model_config, config.generation.max_new_tokens, eos, pad)
     run = Run(
         config=config,
@@ -163,7 +158,13 @@ def _sft(run: Run, key: jax.Array) -> tuple[dict, dict[str, Any]]:
         run.logger.write("sft", step, wall_s=time.perf_counter() - t0, tokens=0, **m)
 
     sft_lora = train_sft(
-        lora0, run.params, run.model_config, run.train, c.sft, seed=c.seed, pad_id=run.sampler.pad_token_id,
+        lora0,
+        run.params,
+        run.model_config,
+        run.train,
+        c.sft,
+        seed=c.seed,
+        pad_id=run.sampler.pad_token_id,
         log_fn=log_fn,
     )
     sft_s = time.perf_counter() - t0

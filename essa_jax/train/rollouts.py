@@ -224,8 +224,9 @@ def heldout_pass_at_k(
         temperature=temperature,
     )
     correct = (score(reward_fn, rep, completions) >= 1.0).reshape(len(data), samples).sum(1)
-    out = {f"pass_at_{k}": float(np.mean([pass_at_k(samples, int(c), k) for c in correct]))
-           for k in ks}
+    out = {
+        f"pass_at_{k}": float(np.mean([pass_at_k(samples, int(c), k) for c in correct])) for k in ks
+    }
     out["pass_samples"] = samples
     out["pass_problems"] = len(data)
     out["pass_tokens"] = tokens

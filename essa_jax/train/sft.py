@@ -19,9 +19,7 @@ from essa_jax.models import sequence_logprobs
 from essa_jax.train.rollouts import PromptSet, batch_indices
 
 
-def sft_sequences(
-    data: PromptSet, pad_id: int
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def sft_sequences(data: PromptSet, pad_id: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """prompt + target per example, left-padded: (tokens, attention mask, loss mask) `[n, T]`.
 
     The loss mask is 1 on target positions, aligned with `tokens[:, 1:]` by the caller.
@@ -44,8 +42,13 @@ def sft_sequences(
     return tokens, mask, loss_mask
 
 
+@functools.lru_cache(maxsize=8)
 def make_optimizer(learning_rate: float, weight_decay: float, max_grad_norm: float):
-    """AdamW (Loshchilov & Hutter 2019) after global-norm clipping."""
+    """AdamW (Loshchilov & Hutter 2019) after global-norm clipping.
+
+    Cached: the optimiser is a static argument of the jitted step, so equal settings must give the
+    same object for the compiled step to be reused (e.g. by a resumed or repeated run).
+    """
     return optax.chain(
         optax.clip_by_global_norm(max_grad_norm),
         optax.adamw(learning_rate, weight_decay=weight_decay),
@@ -62,9 +65,7 @@ def sft_loss(lora, params, model_config, tokens, mask, loss_mask):
 @functools.partial(jax.jit, static_argnames=("model_config", "optimizer"), donate_argnums=(0, 1))
 def sft_step(lora, opt_state, params, model_config, optimizer, tokens, mask, loss_mask):
     """One AdamW step on a batch; returns (lora, opt_state, metrics)."""
-    loss, grads = jax.value_and_grad(sft_loss)(
-        lora, params, model_config, tokens, mask, loss_mask
-    )
+    loss, grads = jax.value_and_grad(sft_loss)(lora, params, model_config, tokens, mask, loss_mask)
     updates, opt_state = optimizer.update(grads, opt_state, lora)
     lora = optax.apply_updates(lora, updates)
     return lora, opt_state, {"loss": loss, "grad_norm": optax.global_norm(grads)}
@@ -87,14 +88,22 @@ def train_sft(
     """
     tokens, mask, loss_mask = sft_sequences(data, pad_id)
     optimizer = make_optimizer(
-        sft_config.learning_rate, sft_config.weight_decay, sft_config.max_grad_norm
+        float(sft_config.learning_rate),
+        float(sft_config.weight_decay),
+        float(sft_config.max_grad_norm),
     )
     opt_state = optimizer.init(lora)
     for step in range(sft_config.steps):
         idx = batch_indices(seed, step * sft_config.batch_size, sft_config.batch_size, len(data))
         lora, opt_state, m = sft_step(
-            lora, opt_state, params, model_config, optimizer,
-            tokens[idx], mask[idx], loss_mask[idx],
+            lora,
+            opt_state,
+            params,
+            model_config,
+            optimizer,
+            tokens[idx],
+            mask[idx],
+            loss_mask[idx],
         )
         if log_fn is not None:
             log_fn(step + 1, {k: float(v) for k, v in m.items()})

@@ -42,7 +42,10 @@ def format_summary(s: dict[str, Any]) -> str:
         ("method", s["method"]),
         ("model / task", f"{s['model']} / {s['task']}"),
         ("held-out problems (n)", str(s["heldout_n"])),
-        ("held-out acc, SFT (before)", f"{s['sft_heldout_acc']:.3f}  95% CI {ci(s['sft_heldout_ci'])}"),
+        (
+            "held-out acc, SFT (before)",
+            f"{s['sft_heldout_acc']:.3f}  95% CI {ci(s['sft_heldout_ci'])}",
+        ),
         (
             "held-out acc, final (after)",
             f"{s['final_heldout_acc']:.3f}  95% CI {ci(s['final_heldout_ci'])}",
@@ -54,8 +57,11 @@ def format_summary(s: dict[str, Any]) -> str:
     ]
     if "base_heldout_acc" in s:
         rows.insert(3, ("held-out acc, base model", f"{s['base_heldout_acc']:.3f}"))
-    rows += [(k.replace("_", "@", 1).replace("pass@at_", "pass@"), f"{v:.3f}")
-             for k, v in s.items() if k.startswith("pass_at_")]
+    rows += [
+        (k.replace("_", "@", 1).replace("pass@at_", "pass@"), f"{v:.3f}")
+        for k, v in s.items()
+        if k.startswith("pass_at_")
+    ]
     w = max(len(k) for k, _ in rows)
     return "\n".join(f"{k.ljust(w)}  {v}" for k, v in rows)
 

@@ -1,8 +1,8 @@
 """A tiny random model and a character tokenizer: the `model.path = "random:<preset>"` backend.
 
 Tests run every pipeline end to end on these in seconds, with no hub and no checkpoint on disk.
-The tokenizer knows ChatML (`<|im_start|>`, `<|im_end|>`), like SmolLM2's, so prompts render the same
-way as with the real model.
+The tokenizer knows ChatML (`<|im_start|>`, `<|im_end|>`), like SmolLM2's, so prompts render the
+same way as with the real model.
 """
 
 from __future__ import annotations
@@ -101,7 +101,7 @@ class CharTokenizer:
         tokenize: bool = False,
         **_: Any,
     ) -> str | list[int]:
-        """ChatML: `<|im_start|>role\\ncontent<|im_end|>\\n` per message (+ the assistant header)."""
+        """ChatML: `<|im_start|>role\\ncontent<|im_end|>\\n` per message (+ assistant header)."""
         text = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages)
         if add_generation_prompt:
             text += "<|im_start|>assistant\n"

@@ -126,3 +126,44 @@ def test_construction_counts_and_errors():
     with pytest.raises(ValueError, match="kind"):
         comm.ring_wire_bytes("broadcast", 1.0, 2)
     assert comm.tree_bytes({"x": np.zeros((3, 2), np.float16)}) == 12
+
+
+def test_collective_inside_scan_counts_every_iteration():
+    # A per-layer all-reduce inside lax.scan (how a layer-stacked LoRA gradient is reduced)
+    # executes once per layer; the static HLO holds it once.
+    mesh = _mesh(8)
+    layers = 3
+
+    def f(x, w):
+        def body(c, wl):
+            return jax.lax.psum(c @ wl, "population"), None
+
+        return jax.lax.scan(body, x, w)[0]
+
+    fn = jax.jit(
+        jax.shard_map(
+            f,
+            mesh=mesh,
+            in_specs=(P("population"), P()),
+            out_specs=P("population"),
+            check_vma=False,
+        )
+    )
+    got = comm.hlo_collectives(fn, jnp.zeros((8, 4)), jnp.zeros((layers, 4, 4)))
+    assert len(got) == 1 and got[0].count == layers and got[0].trip_count_known
+    s = comm.summarize(got)
+    assert s.num_ops == layers and s.payload_bytes == layers * 4 * 4
+
+
+@pytest.mark.slow
+def test_tiny_model_lora_gradient_allreduce_equals_construction():
+    # GRPO's data-parallel cost: the LoRA gradient of the real (tiny) model, batch sharded over 8
+    # devices, adapter replicated. GSPMD reduces it per layer inside the layer scan.
+    from essa_jax.scaling.probe import lora_gradient_traffic
+
+    got = lora_gradient_traffic()
+    assert got["hlo_by_kind"] == {"all-reduce": float(got["lora_bytes"])}
+    assert got["hlo_payload_bytes"] == got["construction_payload_bytes"] == got["lora_bytes"]
+    assert got["hlo_wire_bytes_per_device"] == pytest.approx(
+        got["construction_wire_bytes_per_device"]
+    )

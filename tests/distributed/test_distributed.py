@@ -79,6 +79,8 @@ def test_resolve_settings_env_and_errors(monkeypatch):
         D.resolve_settings("localhost", 2, 0)
     with pytest.raises(ValueError, match="timeout_s=0 is invalid"):
         D.initialize(timeout_s=0)
+    with pytest.raises(ValueError, match="num_processes=None / process_id=None are not"):
+        D.initialize("127.0.0.1:1234")
 
 
 def test_single_process_initialize_is_a_noop(monkeypatch):

@@ -36,7 +36,9 @@ def run(generations: int, evaluated: list[int]):
         return toy_fitness(shard)
 
     for g in range(generations):
-        state, _ = distributed_generation(s, jax.random.fold_in(jax.random.key(1), g), state, fitness_fn)
+        state, _ = distributed_generation(
+            s, jax.random.fold_in(jax.random.key(1), g), state, fitness_fn
+        )
     return state
 
 

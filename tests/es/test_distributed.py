@@ -17,7 +17,6 @@ from essa_jax.es import CMAES
 from essa_jax.es.distributed import (
     distributed_generation,
     evaluate_across_devices,
-    evaluate_across_processes,
     pad_population,
     shard_bounds,
 )
@@ -28,7 +27,9 @@ WORKER = Path(__file__).with_name("es_mp_worker.py")
 def test_shard_bounds_cover_the_padded_population():
     for p, n in [(10, 2), (10, 4), (7, 8), (96, 8)]:
         bounds = [shard_bounds(p, n, i) for i in range(n)]
-        assert bounds[0][0] == 0 and all(a[1] == b[0] for a, b in zip(bounds, bounds[1:]))
+        assert bounds[0][0] == 0 and all(
+            a[1] == b[0] for a, b in zip(bounds[:-1], bounds[1:], strict=True)
+        )
         assert bounds[-1][1] >= p and bounds[-1][1] - p < n
         assert pad_population(jnp.zeros((p, 3)), n).shape == (bounds[-1][1], 3)
     with pytest.raises(ValueError, match="shard_index"):

@@ -143,8 +143,10 @@ def test_per_row_shape_mismatch_is_an_error(sft):
         layer0.delta(jnp.zeros((3, 2, 32)))
 
 
-def test_svd_lora_forward_equals_merged(model):
-    config, params = model
+def test_svd_lora_forward_equals_merged():
+    """All seven targets, Qwen2-style bias + tied embeddings (Llama is covered by the population
+    tests)."""
+    config, params = tiny_model("qwen2")
     lc = LoraConfig(rank=3, alpha=6.0, targets=("q", "k", "v", "o", "gate", "up", "down"))
     lora = random_lora(5, config, lc)
     basis, layout = svd_factorize(lora, alpha_frac=2 / 3)
@@ -155,3 +157,18 @@ def test_svd_lora_forward_equals_merged(model):
     np.testing.assert_allclose(got, want, atol=2e-5)
     assert isinstance(genome_to_svd_lora(basis, layout, genome)["q"], SVDLoRA)
     assert math.isclose(basis.factors["q"].scale, 2.0)
+
+
+def test_layout_order_survives_jit():
+    """Regression: jit re-orders dict pytrees; the genome order must not depend on dict order."""
+    config, _ = tiny_model("llama")
+    lora = random_lora(8, config, LoraConfig(rank=2, targets=("v", "q")))
+    lora = {"v": lora["v"], "q": lora["q"]}  # insertion order != sorted order
+    basis, layout = svd_factorize(lora)
+    assert layout.targets == ("q", "v")
+    genome = randn(9, (layout.size,))
+    eager = svd_lora_to_lora(basis, layout, genome)
+    jitted = jax.jit(svd_lora_to_lora, static_argnums=1)(basis, layout, genome)
+    for t in ("q", "v"):
+        np.testing.assert_allclose(jitted[t].a, eager[t].a, atol=1e-6)
+        np.testing.assert_allclose(jitted[t].b, eager[t].b, atol=1e-6)

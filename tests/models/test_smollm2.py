@@ -102,3 +102,16 @@ def test_greedy_generation_matches_transformers(ours, hf_model, prompts):
         n = int(g.lengths[i])
         assert n == len(out), (i, np.asarray(g.tokens[i]), out)
         np.testing.assert_array_equal(np.asarray(g.tokens[i, :n]), out)
+
+
+def test_tokenizer_roundtrip_through_hf_dir(tokenizer, prompts, tmp_path):
+    """A tokenizer saved as an HF directory loads back (local files only) and agrees."""
+    tokenizer.save_pretrained(tmp_path)
+    again = load_tokenizer(tmp_path)
+    ids = again.apply_chat_template(
+        [{"role": "user", "content": QUESTIONS[0]}], tokenize=True, add_generation_prompt=True
+    )
+    assert _ids(ids) == _ids(prompts[0])
+    text = "What is 123 + 4?"
+    assert again.encode(text) == tokenizer.encode(text)
+    assert tokenizer.decode(tokenizer.encode(text)) == text

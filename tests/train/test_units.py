@@ -68,7 +68,10 @@ def test_char_tokenizer_roundtrip_and_chat():
 
 def test_render_prompt_prefills_assistant_turn():
     tok = CharTokenizer()
-    msgs = [{"role": "user", "content": "What is 1 + 2?"}, {"role": "assistant", "content": "1 + 2 = "}]
+    msgs = [
+        {"role": "user", "content": "What is 1 + 2?"},
+        {"role": "assistant", "content": "1 + 2 = "},
+    ]
     text = render_prompt(tok, msgs)
     assert text.endswith("<|im_start|>assistant\n1 + 2 = ")
     assert render_prompt(tok, "raw") == "raw"
@@ -146,7 +149,11 @@ def test_checkpointer_roundtrip_exact(tmp_path):
     tree = {"es": state, "key": jax.random.PRNGKey(3), "step": jnp.int32(1)}
     ck = Checkpointer(str(tmp_path), keep=2)
     ck.save(1, tree, {"history": [{"a": 1}]})
-    template = {"es": strategy.init(jax.random.PRNGKey(9), jnp.ones(5)), "key": jax.random.PRNGKey(0), "step": jnp.int32(0)}
+    template = {
+        "es": strategy.init(jax.random.PRNGKey(9), jnp.ones(5)),
+        "key": jax.random.PRNGKey(0),
+        "step": jnp.int32(0),
+    }
     restored, meta = ck.restore(ck.latest_step(), template)
     ck.close()
     assert meta == {"history": [{"a": 1}]}
@@ -161,12 +168,34 @@ def test_summary_and_plots(tmp_path):
 
     cfg = base_config()
     hist = [
-        {"phase": "eval", "step": 0, "wall_s": 0.0, "tokens": 0, "acc": 0.2, "ci_low": 0.1, "ci_high": 0.3},
+        {
+            "phase": "eval",
+            "step": 0,
+            "wall_s": 0.0,
+            "tokens": 0,
+            "acc": 0.2,
+            "ci_low": 0.1,
+            "ci_high": 0.3,
+        },
         {"phase": "train", "step": 1, "wall_s": 1.0, "tokens": 10, "reward": 0.3},
-        {"phase": "eval", "step": 1, "wall_s": 1.0, "tokens": 10, "acc": 0.4, "ci_low": 0.3, "ci_high": 0.5},
+        {
+            "phase": "eval",
+            "step": 1,
+            "wall_s": 1.0,
+            "tokens": 10,
+            "acc": 0.4,
+            "ci_low": 0.3,
+            "ci_high": 0.5,
+        },
     ]
     ev = {"acc": 0.4, "n": 10, "ci_low": 0.3, "ci_high": 0.5}
-    meta = {"sft_eval": {**ev, "acc": 0.2}, "history": hist, "sft_seconds": 1.0, "wall_s": 1.0, "tokens": 10}
+    meta = {
+        "sft_eval": {**ev, "acc": 0.2},
+        "history": hist,
+        "sft_seconds": 1.0,
+        "wall_s": 1.0,
+        "tokens": 10,
+    }
     for name in ("essa", "grpo"):
         d = tmp_path / name
         d.mkdir()
