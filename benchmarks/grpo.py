@@ -34,7 +34,11 @@ NEW_TOKENS = 16
 RANK, ALPHA = 8, 16.0
 TARGETS = ("q", "k", "v", "o")
 LR = 1e-6
-STEPS = 4  # per side; the first is dropped (compile / warm-up)
+STEPS = 3  # per side; the first is dropped (compile / warm-up)
+# Threads per side (env GRPO_BENCH_THREADS, default 1). On a shared 2-core machine torch's OpenMP
+# threads spin against other processes (HF generate here: 112 s with 2 threads vs 22 s with 1), so
+# both sides run single-threaded by default for a comparison that survives contention.
+THREADS = int(os.environ.get("GRPO_BENCH_THREADS", "1"))
 PROBLEMS = [(23, 45), (7, 8), (61, 19), (34, 52)]
 
 
@@ -181,6 +185,9 @@ def bench_trl(texts: list[str], answers: list[str]) -> dict[str, float]:
             bf16=False,
             shuffle_dataset=False,
             seed=0,
+            # TRL defaults to activation checkpointing; ours keeps activations (it recomputes only
+            # the chunked lm_head), so compare without it.
+            gradient_checkpointing=False,
         )
         trainer = TrlGRPOTrainer(
             model=model,
@@ -230,6 +237,14 @@ def bench_trl(texts: list[str], answers: list[str]) -> dict[str, float]:
 
 def main() -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if THREADS == 1:  # before jax is imported
+        os.environ["XLA_FLAGS"] = (
+            os.environ.get("XLA_FLAGS", "")
+            + " --xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
+        )
+    import torch
+
+    torch.set_num_threads(THREADS)
     from essa_jax.models import load_tokenizer
 
     texts, answers = _prompts(load_tokenizer("smollm2-135m-instruct"))
@@ -248,6 +263,7 @@ def main() -> None:
             "loss": "grpo clip 0.2/0.2, token_mean (trl loss_type='dapo'), beta=0",
             "optimizer": f"AdamW lr {LR}, one update per step",
             "timed_steps": STEPS - 1,
+            "threads_per_side": THREADS,
         },
         **ours,
         **trl,

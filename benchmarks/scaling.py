@@ -118,7 +118,9 @@ def _run_child(spec: dict, *, devices: int, processes: int = 1) -> dict:
     res = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200)
     lines = [ln for ln in res.stdout.splitlines() if "RESULT " in ln]
     if res.returncode != 0 or not lines:
-        raise RuntimeError(f"child {cmd} failed ({res.returncode}):\n{res.stdout[-3000:]}")
+        raise RuntimeError(
+            f"child {cmd} failed ({res.returncode}):\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}"
+        )
     return json.loads(lines[0].split("RESULT ", 1)[1])
 
 

@@ -19,8 +19,9 @@ several processes on one machine over 127.0.0.1 behave like hosts of a cluster) 
   service abort the survivors (JAX's own behaviour, here with a short default);
 - `is_main_process()` for process-0-only side effects (checkpoints, logs, result files);
 - `global_mesh(...)`: a ("pop", "data") mesh over every process's devices (Auto axes);
-- `allgather_fitness(...)`: each process's fitness shard -> the full [P] vector on every process;
-  `evaluate_process_shard(...)`: evaluate this process's members, return everyone's fitness.
+- `allgather_fitness(...)`: each process's fitness shard -> the full [P] vector on every process
+  (the whole ask / evaluate-my-shard / gather / tell step is
+  `essa_jax.es.distributed.evaluate_across_processes`, which this module does not duplicate).
 
 Call `initialize(...)` (or `initialize_from_flags()`) before any other JAX call in the process.
 """
@@ -34,7 +35,7 @@ import re
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -456,29 +457,6 @@ def host_to_global(tree: Any, mesh: Any, spec: Any = None) -> Any:
         return jax.make_array_from_callback(host.shape, sharding, lambda idx: host[idx])
 
     return jax.tree.map(put, tree)
-
-
-def evaluate_process_shard(evaluate: Callable[[Any, int], Any], population: Any) -> np.ndarray:
-    """ESSA's per-generation exchange: this process scores its members, everyone gets all P.
-
-    Args:
-      evaluate: ``evaluate(members [P_local, D], member_offset) -> fitness [P_local]`` for this
-        process's contiguous block of the population (`local_population_slice`); member_offset is
-        the global index of its first member (fold it into per-member sampling keys so results do
-        not depend on the number of processes). It may use a mesh of this process's devices.
-      population: [P, D], identical on every process (asked from the shared state and key).
-
-    Returns:
-      fitness [P] (numpy), identical on every process; only these P values crossed processes.
-    """
-    sl = local_population_slice(int(population.shape[0]))
-    local = np.asarray(evaluate(population[sl], sl.start))
-    if local.shape != (sl.stop - sl.start,):
-        raise ValueError(
-            f"evaluate returned fitness of shape {local.shape}; expected ({sl.stop - sl.start},) "
-            "(one value per member of this process's block)"
-        )
-    return allgather_fitness(local)
 
 
 def local_population_slice(population_size: int) -> slice:

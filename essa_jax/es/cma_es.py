@@ -183,7 +183,7 @@ class CMAES:
         )
         parents = population[order[: self.num_parents]].astype(state.mean.dtype)
         skip = num_bad == self.population_size  # nothing finite to learn from
-        new = jax.lax.cond(skip, lambda s, _: s, self._update, state, parents)
+        new = self._update(state, parents, skip)
         gen = state.generation + 1
         refresh = (gen % self.eigen_interval == 0) & ~skip
         new = jax.lax.cond(refresh, _eigen_refresh, lambda s: s, new)
@@ -209,21 +209,28 @@ class CMAES:
 
     # -- the update (Eqs. 41-47) --------------------------------------------------------------
 
-    def _update(self, s: CMAESState, parents: jax.Array) -> CMAESState:
-        """One generation's distribution update from the mu best candidates [mu, D], best first."""
+    def _update(self, s: CMAESState, parents: jax.Array, skip: jax.Array) -> CMAESState:
+        """One generation's distribution update from the mu best candidates [mu, D], best first.
+
+        With `skip` every learning rate is 0, which leaves the state bit-identical; it replaces a
+        lax.cond whose identity branch would copy the [D, D] matrices every generation."""
         n, w = self.num_dims, jnp.asarray(self.weights, s.mean.dtype)
-        cs, cc, c1, cmu, mu_eff = self.c_sigma, self.c_c, self.c_1, self.c_mu, self.mu_eff
+        cs, cc, mu_eff = self.c_sigma, self.c_c, self.mu_eff
+        keep = 1.0 - skip.astype(s.mean.dtype)
+        c1, cmu, cm, cs_eff = keep * self.c_1, keep * self.c_mu, keep * self.c_m, keep * cs
         y = (parents - s.mean) / s.sigma  # y_{i:lambda} ~ N(0, C)
         y_w = w @ y  # Eq. (41)
-        mean = s.mean + self.c_m * s.sigma * y_w  # Eq. (42)
+        mean = s.mean + cm * s.sigma * y_w  # Eq. (42)
         c_inv_sqrt_y_w = s.B @ ((s.B.T @ y_w) / s.D)  # C^{-1/2} y_w, with the B, D used to sample
-        p_sigma = (1 - cs) * s.p_sigma + math.sqrt(cs * (2 - cs) * mu_eff) * c_inv_sqrt_y_w  # (43)
+        ps_new = (1 - cs) * s.p_sigma + math.sqrt(cs * (2 - cs) * mu_eff) * c_inv_sqrt_y_w  # (43)
+        p_sigma = jnp.where(skip, s.p_sigma, ps_new)
         norm_ps = jnp.linalg.norm(p_sigma)
-        sigma = s.sigma * jnp.exp((cs / self.d_sigma) * (norm_ps / self.chi_n - 1))  # Eq. (44)
+        sigma = s.sigma * jnp.exp((cs_eff / self.d_sigma) * (norm_ps / self.chi_n - 1))  # Eq. (44)
         g = (s.generation + 1).astype(s.mean.dtype)  # generations including this one
         h_sigma = norm_ps / jnp.sqrt(1 - (1 - cs) ** (2 * g)) < (1.4 + 2 / (n + 1)) * self.chi_n
         h = h_sigma.astype(s.mean.dtype)
         p_c = (1 - cc) * s.p_c + h * math.sqrt(cc * (2 - cc) * mu_eff) * y_w  # Eq. (45)
+        p_c = jnp.where(skip, s.p_c, p_c)
         delta_h = (1 - h) * cc * (2 - cc)  # p. 29, used in Eq. (47)
         rank_mu = (y * w[:, None]).T @ y  # sum_i w_i y_i y_i^T
         C = (1 + c1 * delta_h - c1 - cmu) * s.C + c1 * jnp.outer(p_c, p_c) + cmu * rank_mu  # (47)
@@ -233,14 +240,14 @@ class CMAES:
             p_sigma=p_sigma,
             p_c=p_c,
             C=C,
-            update_norm=jnp.linalg.norm(mean - s.mean),
+            update_norm=jnp.where(skip, s.update_norm, jnp.linalg.norm(mean - s.mean)),
         )
 
 
 def _eigen_refresh(s: CMAESState) -> CMAESState:
     """C = B diag(D^2) B^T after symmetrising C; eigenvalues floored at max * eps(dtype)."""
     C = 0.5 * (s.C + s.C.T)
-    eigvals, B = jnp.linalg.eigh(C)
+    eigvals, B = jnp.linalg.eigh(C, symmetrize_input=False)  # symmetrised above
     floor = jnp.max(eigvals) * jnp.finfo(C.dtype).eps
     D = jnp.sqrt(jnp.maximum(eigvals, floor))
     return s.replace(C=C, B=B, D=D)

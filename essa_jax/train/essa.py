@@ -2,10 +2,11 @@
 
 Per generation t: every candidate of `ask` is scored on the same `prompts_per_candidate` training
 prompts (common random numbers: candidates are ranked on identical problems), fitness = mean reward
-(maximised), then `tell`. The held-out policy is the distribution mean.
+(maximised, `essa_jax.population.evaluate_population`), then `tell`. The held-out policy is the
+distribution mean.
 
 Search space (our choice; the paper does not state sigma_0): the strategy searches z with the
-genome = z * s_SFT (element-wise, over the searched singular values), i.e. each singular value is
+genome = z * s_SFT (element-wise over the searched singular values), i.e. each singular value is
 perturbed relative to its own SFT size, s = s_SFT (1 + z). One `sigma_init` then means the same
 relative step for every value, whatever the scale of the factors A (rows ~ U(-1/sqrt(in), ...)) and
 B (small after a short SFT). CMA-ES still adapts the covariance on top.
@@ -13,7 +14,6 @@ B (small after a short SFT). CMA-ES still adapts the covariance on top.
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import flax.struct
@@ -23,7 +23,8 @@ import numpy as np
 
 from essa_jax import lora as lora_lib
 from essa_jax.es import get_strategy
-from essa_jax.train.rollouts import batch_indices, decode_completions, score
+from essa_jax.population import evaluate_population, make_population_mesh, replicate
+from essa_jax.train.rollouts import init_cursor, next_indices
 
 # Singular values below this fraction of their factor's mean are floored when used as a scale, so
 # a (near-)zero value can still move.
@@ -39,7 +40,7 @@ class ESSAState:
     scale: jax.Array  # [D] genome = z * scale
     key: jax.Array  # uint32 [2]
     step: jax.Array  # int32 [], generations done
-    cursor: jax.Array  # int32 [], training prompts consumed
+    cursor: dict[str, jax.Array]  # essa_jax.data cursor over the training prompts
 
 
 def genome_scale(basis: lora_lib.SVDBasis, layout: lora_lib.GenomeLayout) -> jax.Array:
@@ -78,6 +79,9 @@ class ESSALoop:
             population_size=c.essa.population_size,
             sigma_init=c.essa.sigma_init,
         )
+        shards = c.essa.population_devices or jax.device_count()
+        self.mesh = make_population_mesh(pop=shards, data=1) if shards > 1 else None
+        self.params = replicate(run.params, self.mesh) if self.mesh is not None else run.params
 
     # -- state -------------------------------------------------------------------------------
     def init_state(self, key: jax.Array, sft_lora: dict) -> ESSAState:
@@ -92,7 +96,7 @@ class ESSALoop:
             scale=genome_scale(basis, self.layout),
             key=k_run,
             step=jnp.int32(0),
-            cursor=jnp.int32(0),
+            cursor=init_cursor(len(self.run.train), self.run.config.seed + 1),
         )
 
     def policy_lora(self, state: ESSAState) -> dict:
@@ -109,12 +113,30 @@ class ESSALoop:
         key = jax.random.fold_in(state.key, state.step)
         k_ask, k_gen = jax.random.split(key)
         z = self.strategy.ask(k_ask, state.es)
-        b = cfg.prompts_per_candidate
-        idx = batch_indices(run.config.seed + 1, int(state.cursor), b, len(run.train))
+        idx, cursor = next_indices(state.cursor, cfg.prompts_per_candidate)
         batch = run.train.take(idx)
-        fitness, tokens, extra = self.evaluate(state, z, batch, k_gen)
+        ev = evaluate_population(
+            self.params,
+            run.model_config,
+            state.basis,
+            self.layout,
+            z * state.scale,
+            batch.tokens,
+            batch.mask,
+            k_gen,
+            prompts=batch.prompts,
+            reward_fn=run.reward_fn,
+            decode=run.tokenizer,
+            task_fields=batch.fields,
+            max_new_tokens=run.config.generation.max_new_tokens,
+            greedy=bool(cfg.greedy),
+            temperature=float(cfg.temperature),
+            eos_token_ids=run.sampler.eos_token_ids,
+            mesh=self.mesh,
+        )
+        fitness = ev.fitness
         es = self.strategy.tell(state.es, z, jnp.asarray(fitness))
-        new = state.replace(es=es, step=state.step + 1, cursor=state.cursor + b)
+        new = state.replace(es=es, step=state.step + 1, cursor=cursor)
         metrics = {
             "reward": float(np.mean(fitness)),
             "reward_std": float(np.std(fitness)),
@@ -124,44 +146,7 @@ class ESSALoop:
             "sigma": float(es.sigma),
             "update_norm": float(es.update_norm),
             "mean_norm": float(jnp.linalg.norm(es.mean)),
-            **extra,
+            "completion_len": ev.metrics["completion_len"],
+            "truncated": ev.metrics["truncated"],
         }
-        return new, metrics, tokens
-
-    def evaluate(self, state: ESSAState, z: jax.Array, batch, key: jax.Array):
-        """Fitness [P] of the candidates z [P, D] on `batch` (B prompts), tokens generated."""
-        run, cfg = self.run, self.cfg
-        p, b = z.shape[0], len(batch)
-        out = _population_generate(
-            run.params,
-            state.basis,
-            z * state.scale,
-            jnp.asarray(batch.tokens),
-            jnp.asarray(batch.mask),
-            key,
-            sampler=run.sampler,
-            layout=self.layout,
-            greedy=bool(cfg.greedy),
-            temperature=float(cfg.temperature),
-        )
-        lengths = np.asarray(out.lengths)
-        completions = decode_completions(run.tokenizer, np.asarray(out.tokens), lengths)
-        rep = batch.take(np.tile(np.arange(b), p))  # member-major rows
-        rewards = score(run.reward_fn, rep, completions).reshape(p, b)
-        extra = {
-            "completion_len": float(lengths.mean()),
-            "truncated": float(1.0 - np.asarray(out.finished).mean()),
-        }
-        return rewards.mean(axis=1), int(lengths.sum()), extra
-
-
-@functools.partial(jax.jit, static_argnames=("sampler", "layout", "greedy", "temperature"))
-def _population_generate(
-    params, basis, genomes, tokens, mask, key, *, sampler, layout, greedy, temperature
-):
-    """All P members on the same B prompts as one batch of P*B rows (shared base weights)."""
-    p, b = genomes.shape[0], tokens.shape[0]
-    lora = lora_lib.population_svd_lora(basis, layout, genomes, b)
-    rows = jnp.tile(tokens, (p, 1))
-    rows_mask = jnp.tile(mask, (p, 1))
-    return sampler(params, rows, rows_mask, key, lora=lora, greedy=greedy, temperature=temperature)
+        return new, metrics, int(np.asarray(ev.generation.lengths).sum())

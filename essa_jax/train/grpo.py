@@ -17,7 +17,7 @@ import jax.numpy as jnp
 from essa_jax import lora as lora_lib
 from essa_jax.rl.config import GRPOConfig
 from essa_jax.rl.trainer import FrozenPolicy, GRPOState, GRPOTrainer, genome_policy, lora_policy
-from essa_jax.train.rollouts import batch_indices
+from essa_jax.train.rollouts import init_cursor, next_indices
 
 
 @flax.struct.dataclass
@@ -27,7 +27,7 @@ class GRPOLoopState:
 
     grpo: GRPOState
     frozen: Any
-    cursor: jax.Array
+    cursor: dict[str, jax.Array]
 
     @property
     def step(self) -> jax.Array:
@@ -99,7 +99,9 @@ class GRPOLoop:
         else:
             trainable, frozen, _ = lora_policy(sft_lora)
         return GRPOLoopState(
-            grpo=self.trainer.init(trainable, key), frozen=frozen, cursor=jnp.int32(0)
+            grpo=self.trainer.init(trainable, key),
+            frozen=frozen,
+            cursor=init_cursor(len(self.run.train), self.run.config.seed + 2),
         )
 
     def policy_lora(self, state: GRPOLoopState) -> dict:
@@ -112,9 +114,7 @@ class GRPOLoop:
 
     def step(self, state: GRPOLoopState) -> tuple[GRPOLoopState, dict[str, float], int]:
         run = self.run
-        idx = batch_indices(
-            run.config.seed + 2, int(state.cursor), self.num_prompts, len(run.train)
-        )
+        idx, cursor = next_indices(state.cursor, self.num_prompts)
         batch = run.train.take(idx)
         policy = FrozenPolicy(base=run.params, adapter=state.frozen)
         new, m = self.trainer.step(
@@ -134,4 +134,4 @@ class GRPOLoop:
             "truncated": m.pop("truncation_rate"),
             **m,
         }
-        return state.replace(grpo=new, cursor=state.cursor + self.num_prompts), metrics, tokens
+        return state.replace(grpo=new, cursor=cursor), metrics, tokens

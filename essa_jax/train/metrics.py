@@ -18,17 +18,6 @@ import numpy as np
 METRICS_FILE = "metrics.jsonl"
 
 
-def wilson_interval(correct: int, n: int, z: float = 1.959964) -> tuple[float, float]:
-    """95% Wilson score interval of a binomial proportion (Wilson 1927); (0, 1) when n = 0."""
-    if n == 0:
-        return 0.0, 1.0
-    p = correct / n
-    denom = 1 + z * z / n
-    centre = (p + z * z / (2 * n)) / denom
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
-    return max(0.0, centre - half), min(1.0, centre + half)
-
-
 def _plain(v: Any) -> Any:
     """JSON-friendly scalars (numpy / jax 0-d arrays -> float / int)."""
     if isinstance(v, bool | int | str) or v is None:

@@ -111,6 +111,9 @@ def build_run(config, workdir: str, *, verbose: bool = True) -> Run:
     enc = dict(max_prompt_tokens=config.task.max_prompt_tokens, pad_id=pad, eos_id=eos[0])
     train, dropped_train = encode_split(tokenizer, task.train, task, **enc)
     heldout, dropped_heldout = encode_split(tokenizer, task.eval, task, **enc)
+    # One prompt width for both splits: every generation program compiles once.
+    width = max(train.tokens.shape[1], heldout.tokens.shape[1])
+    train, heldout = train.pad_to(width, pad), heldout.pad_to(width, pad)
     sampler = Sampler(model_config, config.generation.max_new_tokens, eos, pad)
     run = Run(
         config=config,
@@ -229,7 +232,7 @@ def train_and_evaluate(config, workdir: str, *, resume: bool | None = None, verb
         final_lora = export = state["lora"]
     ckpt.close()
 
-    final = evaluate_policy(run, final_lora)
+    final = _final_eval(run, final_lora, meta)
     pass_k = _pass_at_k(run, final_lora) if config.eval.pass_k_samples else {}
     lora_lib.export_peft(
         os.path.join(workdir, "adapter"),
@@ -242,6 +245,20 @@ def train_and_evaluate(config, workdir: str, *, resume: bool | None = None, verb
     summary_lib.plot_run(workdir, run.logger.history, title=f"{config.method} {config.task.name}")
     run.logger.close()
     return summary
+
+
+def _final_eval(run: Run, lora: Any, meta: dict) -> dict[str, Any]:
+    """Held-out accuracy of the final policy: the last periodic eval if it was at the last step,
+    else a fresh one (logged as an eval row at that step)."""
+    rows = run.logger.history
+    train = [r for r in rows if r["phase"] == "train"]
+    step = train[-1]["step"] if train else 0
+    evals = [r for r in rows if r["phase"] == "eval"]
+    if evals and evals[-1]["step"] == step:
+        return evals[-1]
+    ev = evaluate_policy(run, lora)
+    run.logger.write("eval", step, wall_s=meta["wall_s"], tokens=meta["tokens"], **ev)
+    return ev
 
 
 def _template(run: Run, loop, key: jax.Array) -> Any:

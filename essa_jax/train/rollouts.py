@@ -7,15 +7,15 @@ generation program compiles once and is reused by SFT evaluation, ES fitness and
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
+from essa_jax.evaluation import pass_at_k, wilson_interval
 from essa_jax.models import generate_jit
-from essa_jax.train.metrics import wilson_interval
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,23 +46,40 @@ class PromptSet:
             targets=[self.targets[i] for i in idx] if self.targets else [],
         )
 
+    def pad_to(self, length: int, pad_id: int) -> PromptSet:
+        """The same prompts left-padded to `length` tokens (>= the current width)."""
+        extra = length - self.tokens.shape[1]
+        if extra < 0:
+            raise ValueError(f"cannot pad {self.tokens.shape[1]}-token prompts to {length}")
+        return dataclasses.replace(
+            self,
+            tokens=np.pad(self.tokens, ((0, 0), (extra, 0)), constant_values=pad_id),
+            mask=np.pad(self.mask, ((0, 0), (extra, 0))),
+        )
+
     def repeat(self, n: int) -> PromptSet:
         """Every prompt n times in a row (a GRPO group / pass@k samples): index i*n + j."""
         return self.take(np.repeat(np.arange(len(self)), n))
 
 
-def batch_indices(seed: int, cursor: int, size: int, n: int) -> np.ndarray:
-    """`size` example indices starting at data cursor `cursor` of an endless shuffled stream.
+def next_indices(cursor: Any, size: int) -> tuple[np.ndarray, dict[str, jax.Array]]:
+    """Indices of the next `size` training examples and the advanced cursor.
 
-    The stream is a fresh permutation of range(n) per epoch, seeded by (seed, epoch); a run that
-    resumes from a saved cursor sees exactly the batches an uninterrupted run sees.
+    The cursor is essa_jax.data's `{"seed", "epoch", "position", "size"}` (one shuffled order per
+    epoch), held as int32 arrays in the loop state so that it is checkpointed with it: a resumed
+    run sees exactly the batches an uninterrupted run sees.
     """
-    out = np.empty(size, np.int64)
-    for j in range(size):
-        epoch, pos = divmod(cursor + j, n)
-        perm = np.random.default_rng((seed, epoch)).permutation(n)
-        out[j] = perm[pos]
-    return out
+    from essa_jax.data import next_batch_indices
+
+    idx, new = next_batch_indices({k: int(v) for k, v in cursor.items()}, size)
+    return idx, {k: jnp.int32(v) for k, v in new.items()}
+
+
+def init_cursor(num_examples: int, seed: int) -> dict[str, jax.Array]:
+    """The data cursor at the start of epoch 0 (int32 arrays, a checkpointable pytree)."""
+    from essa_jax.data import init_cursor as _init
+
+    return {k: jnp.int32(v) for k, v in _init(num_examples, seed).items()}
 
 
 def decode_completions(tokenizer: Any, tokens: np.ndarray, lengths: np.ndarray) -> list[str]:
@@ -187,13 +204,6 @@ def heldout_accuracy(
         "reward": float(rewards.mean()),
         "eval_tokens": tokens,
     }
-
-
-def pass_at_k(n: int, c: int, k: int) -> float:
-    """Unbiased pass@k from n samples with c correct: 1 - C(n-c, k) / C(n, k) (Chen et al. 2021)."""
-    if n - c < k:
-        return 1.0
-    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
 
 
 def heldout_pass_at_k(

@@ -16,7 +16,7 @@ import numpy as np
 import optax
 
 from essa_jax.models import sequence_logprobs
-from essa_jax.train.rollouts import PromptSet, batch_indices
+from essa_jax.train.rollouts import PromptSet, init_cursor, next_indices
 
 
 def sft_sequences(data: PromptSet, pad_id: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -93,8 +93,9 @@ def train_sft(
         float(sft_config.max_grad_norm),
     )
     opt_state = optimizer.init(lora)
+    cursor = init_cursor(len(data), seed)
     for step in range(sft_config.steps):
-        idx = batch_indices(seed, step * sft_config.batch_size, sft_config.batch_size, len(data))
+        idx, cursor = next_indices(cursor, sft_config.batch_size)
         lora, opt_state, m = sft_step(
             lora,
             opt_state,

@@ -88,8 +88,10 @@ def reference_completion(example: dict[str, Any], prompt_format: str) -> str:
         return answer
     solution = example.get("solution") or ""
     boxed = f"The final answer is \\boxed{{{answer}}}."
-    return f"{solution.strip()}\n{boxed}" if solution and "\\boxed" not in solution else (
-        solution or boxed
+    return (
+        f"{solution.strip()}\n{boxed}"
+        if solution and "\\boxed" not in solution
+        else (solution or boxed)
     )
 
 

@@ -10,6 +10,7 @@ int8 0.844, int4 0.838. SVD-GRPO on the same singular values plateaus near 0.5 (
 """
 
 from essa_jax.config import UNSET, base_config
+from essa_jax.data import PAPER_SYSTEM_PROMPT
 
 
 def get_config():
@@ -19,7 +20,8 @@ def get_config():
     c.model.dtype = "bfloat16"
     c.task.name = "prm800k"
     c.task.path = UNSET  # /path/to/prm800k problems (MATH-style: problem, answer / solution)
-    c.task.prompt_format = "boxed"
+    c.task.prompt_format = "chat"
+    c.task.system_prompt = PAPER_SYSTEM_PROMPT
     c.task.num_train = 12000
     c.task.num_heldout = 500
     c.task.max_prompt_tokens = 512

@@ -13,6 +13,7 @@ candidate 100..300; INT8 / INT4 inference barely changes accuracy.
 """
 
 from essa_jax.config import UNSET, base_config
+from essa_jax.data import PAPER_SYSTEM_PROMPT
 
 
 def get_config():
@@ -22,7 +23,8 @@ def get_config():
     c.model.dtype = "bfloat16"
     c.task.name = "gsm8k"
     c.task.path = UNSET  # /path/to/gsm8k train file (jsonl / parquet / save_to_disk folder)
-    c.task.prompt_format = "boxed"  # "Please reason step by step ... \boxed{}" system prompt
+    c.task.prompt_format = "chat"
+    c.task.system_prompt = PAPER_SYSTEM_PROMPT  # "Please reason step by step ... \boxed{}."
     c.task.num_train = 7473
     c.task.num_heldout = 500
     c.task.max_prompt_tokens = 384

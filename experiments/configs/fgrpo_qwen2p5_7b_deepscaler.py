@@ -12,6 +12,7 @@ The paper fine-tunes all weights; here a high-rank LoRA (use_rslora-style scale)
 """
 
 from essa_jax.config import UNSET, base_config
+from essa_jax.data import PAPER_SYSTEM_PROMPT
 
 
 def get_config():
@@ -21,7 +22,8 @@ def get_config():
     c.model.dtype = "bfloat16"
     c.task.name = "deepscaler"
     c.task.path = UNSET  # /path/to/DeepScaleR-Preview-Dataset (problem, answer, solution)
-    c.task.prompt_format = "boxed"
+    c.task.prompt_format = "chat"
+    c.task.system_prompt = PAPER_SYSTEM_PROMPT
     c.task.num_train = 40000
     c.task.num_heldout = 500
     c.task.max_prompt_tokens = 512

@@ -17,6 +17,8 @@ import jax  # noqa: E402
 from jax.sharding import NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
+from essa_jax.es.distributed import evaluate_across_processes  # noqa: E402
+
 pop = 16
 sl = D.local_population_slice(pop)
 # Each process "evaluates" only its members: fitness of member m is m**2 / 7.
@@ -27,11 +29,14 @@ mesh = D.global_mesh()
 sharded = jax.make_array_from_process_local_data(NamedSharding(mesh, P(D.POPULATION_AXIS)), local)
 replicated = np.asarray(D.replicate(sharded, mesh).addressable_data(0))
 
-# The loop-side helper: members' fitness (row sum + global index) computed where they live.
+# The loop-side helper of essa_jax.es: each process scores only its members (row sums here).
 population = np.arange(pop * 3, dtype=np.float32).reshape(pop, 3)
-via_helper = D.evaluate_process_shard(
-    lambda members, offset: members.sum(axis=1) + offset + np.arange(len(members)), population
+evaluated = []
+via_helper = evaluate_across_processes(
+    lambda members: evaluated.append(len(members)) or np.asarray(members).sum(axis=1),
+    jax.numpy.asarray(population),
 )
+via_helper = np.asarray(via_helper)
 
 if D.is_main_process():
     with open(sys.argv[1], "w") as f:
@@ -49,6 +54,7 @@ print(
             "gathered": gathered.tolist(),
             "replicated": replicated.tolist(),
             "via_helper": via_helper.tolist(),
+            "evaluated": evaluated,
         }
     ),
     flush=True,

@@ -262,3 +262,19 @@ def test_strategy_specific_validation():
         CMAES(num_dims=3, population_size=4, num_parents=5)
     with pytest.raises(ValueError, match="c_1 \\+ c_mu"):
         CMAES(num_dims=3, c_1=0.6, c_mu=0.6)
+
+
+def test_openai_es_mirrored_sampling_and_sigma_decay():
+    from essa_jax.es import OpenAIES
+
+    s = OpenAIES(num_dims=3, population_size=6, sigma_init=0.1, sigma_decay=0.5, sigma_min=0.03)
+    state = s.init(jax.random.key(0), jnp.asarray([1.0, -2.0, 0.5]))
+    pop = s.ask(jax.random.key(1), state)
+    # antithetic pairs: x_{i + P/2} - m = -(x_i - m)
+    np.testing.assert_allclose(pop[3:] - state.mean, -(pop[:3] - state.mean), atol=1e-6)
+    sigmas = []
+    for g in range(3):
+        pop = s.ask(jax.random.key(g), state)
+        state = s.tell(state, pop, -sphere(pop))
+        sigmas.append(float(state.sigma))
+    np.testing.assert_allclose(sigmas, [0.05, 0.03, 0.03], rtol=1e-6)

@@ -1,7 +1,6 @@
 """Fast tests of the loop plumbing: statistics, data cursor, tokenizer, SFT masks, logging,
 checkpoints, plots (no model compilation)."""
 
-import itertools
 import json
 import math
 import os
@@ -13,45 +12,29 @@ import pytest
 
 from essa_jax.train import summary as summary_lib
 from essa_jax.train.checkpoint import Checkpointer
-from essa_jax.train.metrics import MetricsLogger, read_metrics, wilson_interval
-from essa_jax.train.rollouts import PromptSet, batch_indices, pass_at_k
+from essa_jax.train.metrics import MetricsLogger, read_metrics
+from essa_jax.train.rollouts import PromptSet, init_cursor, next_indices
 from essa_jax.train.sft import sft_sequences
-from essa_jax.train.tasks import encode_examples, render_prompt
+from essa_jax.train.tasks import encode_split, load_task, reference_completion
 from essa_jax.train.tiny import CharTokenizer, tiny_model_config
 
 
-def test_wilson_interval_matches_reference():
-    # Reference values: statsmodels proportion_confint(20, 100, method="wilson").
-    lo, hi = wilson_interval(20, 100)
-    assert lo == pytest.approx(0.13337, abs=1e-4)
-    assert hi == pytest.approx(0.28883, abs=1e-4)
-    # Wilson bounds are the roots of (c/n - x)^2 = z^2 x (1 - x) / n.
-    z = 1.959964
-    for c, n in [(3, 17), (50, 200), (199, 200)]:
-        for x in wilson_interval(c, n):
-            assert abs(c / n - x) == pytest.approx(z * math.sqrt(x * (1 - x) / n), rel=1e-9)
-    assert wilson_interval(0, 10)[0] == 0.0
-    assert wilson_interval(10, 10)[1] == pytest.approx(1.0)
-    assert wilson_interval(0, 0) == (0.0, 1.0)
-
-
-@pytest.mark.parametrize("n,c,k", [(8, 3, 1), (8, 3, 4), (6, 0, 2), (6, 5, 3), (5, 2, 5)])
-def test_pass_at_k_equals_subset_enumeration(n, c, k):
-    samples = [1] * c + [0] * (n - c)
-    subsets = list(itertools.combinations(range(n), k))
-    brute = np.mean([any(samples[i] for i in s) for s in subsets])
-    assert pass_at_k(n, c, k) == pytest.approx(brute)
-
-
-def test_batch_indices_epochs_and_resume():
+def test_data_cursor_epochs_and_resume():
     n, size = 10, 4
-    stream = np.concatenate([batch_indices(3, i * size, size, n) for i in range(5)])
-    # Every epoch (10 consecutive draws) is a permutation of range(n).
-    assert sorted(stream[:10]) == list(range(n))
-    assert sorted(stream[10:20]) == list(range(n))
+    cursor = init_cursor(n, seed=3)
+    batches = []
+    for _ in range(5):
+        idx, cursor = next_indices(cursor, size)
+        batches.append(idx)
+    stream = np.concatenate(batches)
+    # Every epoch (10 consecutive draws) is a permutation of range(n), reshuffled per epoch.
+    assert sorted(stream[:10]) == list(range(n)) and sorted(stream[10:20]) == list(range(n))
     assert not np.array_equal(stream[:10], stream[10:20])
-    # Resuming from any cursor continues the same stream.
-    np.testing.assert_array_equal(batch_indices(3, 6, 8, n), stream[6:14])
+    # A cursor that went through a checkpoint (int32 arrays) continues the same stream.
+    c = init_cursor(n, seed=3)
+    _, c = next_indices(c, 6)
+    c = {k: jnp.asarray(np.asarray(v)) for k, v in c.items()}
+    np.testing.assert_array_equal(next_indices(c, 8)[0], stream[6:14])
 
 
 def test_char_tokenizer_roundtrip_and_chat():
@@ -66,42 +49,66 @@ def test_char_tokenizer_roundtrip_and_chat():
     assert max(ids) < tiny_model_config("tiny").vocab_size
 
 
-def test_render_prompt_prefills_assistant_turn():
+def _task(**over):
+    from essa_jax.config import base_config
+
+    cfg = base_config().task
+    cfg.num_train, cfg.num_heldout, cfg.system_prompt = 6, 3, ""
+    for k, v in over.items():
+        cfg[k] = v
+    return load_task(cfg, seed=0)
+
+
+def test_encode_split_prefill_prompts_targets_and_reward():
     tok = CharTokenizer()
-    msgs = [
-        {"role": "user", "content": "What is 1 + 2?"},
-        {"role": "assistant", "content": "1 + 2 = "},
-    ]
-    text = render_prompt(tok, msgs)
-    assert text.endswith("<|im_start|>assistant\n1 + 2 = ")
-    assert render_prompt(tok, "raw") == "raw"
+    task, reward = _task()
+    data, dropped = encode_split(tok, task.train, task, max_prompt_tokens=64, pad_id=0, eos_id=2)
+    assert dropped == 0 and len(data) == 6
+    for i, ex in enumerate(task.train):
+        assert data.prompts[i].startswith("<|im_start|>system\n<|im_end|>\n<|im_start|>user\n")
+        assert data.prompts[i].endswith("<|im_start|>assistant\n" + ex["prefill"])
+        assert data.targets[i] == tok.encode(ex["answer"]) + [2]
+        ids = data.tokens[i][data.mask[i] == 1].tolist()
+        assert tok.decode(ids, skip_special_tokens=False) == data.prompts[i]
+    assert data.mask[:, -1].all()  # left padding: every row ends with a real token
+    assert data.fields["answer"] == [ex["answer"] for ex in task.train]
+    right = reward(data.prompts, [a + "<|im_end|>" for a in data.fields["answer"]], **data.fields)
+    wrong = reward(data.prompts, ["1000"] * 6, **data.fields)
+    assert list(right) == [1.0] * 6 and list(wrong) == [0.0] * 6
 
 
-def _examples():
-    return [
-        {"prompt": [{"role": "user", "content": "Q1"}], "answer": "7"},
-        {"prompt": [{"role": "user", "content": "Q22"}], "answer": "42"},
-        {"prompt": [{"role": "user", "content": "x" * 200}], "answer": "1"},
-    ]
-
-
-def test_encode_examples_pads_left_and_drops_long_prompts():
+def test_encode_split_drops_long_prompts_and_pads_to_width():
     tok = CharTokenizer()
-    data, dropped = encode_examples(tok, _examples(), max_prompt_tokens=64, pad_id=0, eos_id=2)
-    assert dropped == 1 and len(data) == 2
-    # Left padding: the shorter prompt starts with one pad, both end with a real token.
-    assert data.mask[0, 0] == 0 and data.mask[1, 0] == 1 and data.mask[:, -1].all()
-    assert data.fields["answer"] == ["7", "42"]
-    assert data.targets[1] == tok.encode("42") + [2]
+    task, _ = _task(system_prompt="x" * 40)  # every prompt: 95 characters = 95 tokens
+    with pytest.raises(ValueError, match="max_prompt_tokens=64"):
+        encode_split(tok, task.train, task, max_prompt_tokens=64, pad_id=0, eos_id=2)
+    long = dict(task.train[0], question="What is " + "1 + " * 20 + "1?")
+    data, dropped = encode_split(
+        tok, [*task.train, long], task, max_prompt_tokens=100, pad_id=0, eos_id=2
+    )
+    assert dropped == 1 and len(data) == 6 and data.tokens.shape[1] == 95
+    full, _ = encode_split(tok, task.train, task, max_prompt_tokens=200, pad_id=0, eos_id=2)
+    wide = full.pad_to(full.tokens.shape[1] + 3, pad_id=0)
+    assert (wide.tokens[:, :3] == 0).all() and (wide.mask[:, :3] == 0).all()
+    np.testing.assert_array_equal(wide.tokens[:, 3:], full.tokens)
+
+
+def test_reference_completion_formats():
+    ex = {"answer": "18", "solution": "Janet sells 16 - 3 - 4 = 9 eggs, 9 * 2 = 18."}
+    assert reference_completion(ex, "prefill") == "18"
+    assert reference_completion(ex, "chat").endswith("\\boxed{18}.")
+    assert reference_completion(ex, "chat").startswith("Janet")
+    assert reference_completion({"answer": "7"}, "chat") == "The final answer is \\boxed{7}."
 
 
 def test_sft_sequences_mask_only_the_answer():
     tok = CharTokenizer()
-    data, _ = encode_examples(tok, _examples()[:2], max_prompt_tokens=64, pad_id=0, eos_id=2)
+    task, _ = _task()
+    data, _ = encode_split(tok, task.train, task, max_prompt_tokens=64, pad_id=0, eos_id=2)
     tokens, mask, loss_mask = sft_sequences(data, pad_id=0)
-    for i, ans in enumerate(["7", "42"]):
+    for i in range(len(data)):
         target = tokens[i][loss_mask[i] == 1].tolist()
-        assert target == tok.encode(ans) + [2]
+        assert target == tok.encode(data.fields["answer"][i]) + [2]
         prompt = tokens[i][(mask[i] == 1) & (loss_mask[i] == 0)].tolist()
         assert tok.decode(prompt, skip_special_tokens=False) == data.prompts[i]
     assert (loss_mask <= mask).all()
@@ -109,9 +116,11 @@ def test_sft_sequences_mask_only_the_answer():
 
 def test_prompt_set_take_and_repeat():
     tok = CharTokenizer()
-    data, _ = encode_examples(tok, _examples()[:2], max_prompt_tokens=64, pad_id=0, eos_id=2)
+    task, _ = _task()
+    data, _ = encode_split(tok, task.train[:2], task, max_prompt_tokens=64, pad_id=0, eos_id=2)
     rep = data.repeat(3)
-    assert len(rep) == 6 and rep.fields["answer"] == ["7"] * 3 + ["42"] * 3
+    a = data.fields["answer"]
+    assert len(rep) == 6 and rep.fields["answer"] == [a[0]] * 3 + [a[1]] * 3
     np.testing.assert_array_equal(rep.tokens[3], data.tokens[1])
     assert isinstance(rep, PromptSet)
 
