@@ -109,6 +109,8 @@ def base_config() -> ml_collections.ConfigDict:
     # Fitness rollouts: greedy decoding (deterministic fitness) or sampling at `temperature`.
     c.essa.greedy = True
     c.essa.temperature = 1.0
+    # Skip `tell` when every candidate scores the same (no ranking information; see essa.py).
+    c.essa.skip_flat = True
     # Devices the population is split over (evaluate_population shards members); 0 = all devices.
     c.essa.population_devices = 1
 

@@ -123,7 +123,9 @@ class ESSALoop:
             z * state.scale,
             batch.tokens,
             batch.mask,
-            k_gen,
+            # A typed key: population_generate's per-row fold_in reshape assumes one (a raw
+            # uint32 [2] key fails there when sampling).
+            jax.random.wrap_key_data(k_gen),
             prompts=batch.prompts,
             reward_fn=run.reward_fn,
             decode=run.tokenizer,
@@ -135,10 +137,14 @@ class ESSALoop:
             mesh=self.mesh,
         )
         fitness = ev.fitness
-        es = self.strategy.tell(state.es, z, jnp.asarray(fitness))
+        # Equal fitness carries no ranking: CMA-ES would still move the mean (ties broken by
+        # index), a random walk of sigma * ||z|| / sqrt(mu_eff) per generation. Keep the state.
+        flat = bool(cfg.skip_flat) and float(np.ptp(fitness)) == 0.0
+        es = state.es if flat else self.strategy.tell(state.es, z, jnp.asarray(fitness))
         new = state.replace(es=es, step=state.step + 1, cursor=cursor)
         metrics = {
             "reward": float(np.mean(fitness)),
+            "skipped_tell": float(flat),
             "reward_std": float(np.std(fitness)),
             "reward_max": float(np.max(fitness)),
             "reward_min": float(np.min(fitness)),

@@ -22,14 +22,15 @@ def get_config():
     c.lora.rank = 4
     c.lora.alpha = 8.0
     c.lora.targets = ("q", "k", "v", "o")  # ESSA adapts the attention projections
-    c.sft.steps = 8  # short: the SFT adapter is a warm start, not the answer
+    c.sft.steps = 4  # short (57% held-out after it, base model 17%): room is left above SFT
     c.sft.batch_size = 16
     c.sft.learning_rate = 1e-3
     c.essa.strategy = "cma_es"
     c.essa.population_size = 16
-    c.essa.prompts_per_candidate = 24
-    c.essa.generations = 40
-    c.essa.sigma_init = 0.2  # relative to each SFT singular value
+    c.essa.prompts_per_candidate = 16
+    c.essa.generations = 30
+    # Relative to each SFT singular value: at 0.2 all 16 greedy candidates still tied on 16 prompts.
+    c.essa.sigma_init = 0.5
     c.essa.alpha = 1.0
     c.essa.greedy = True
     c.generation.max_new_tokens = 5

@@ -20,7 +20,7 @@ def get_config():
     c.lora.rank = 4
     c.lora.alpha = 8.0
     c.lora.targets = ("q", "k", "v", "o")
-    c.sft.steps = 8
+    c.sft.steps = 4  # the same SFT warm start as essa_smollm2_arith.py
     c.sft.batch_size = 16
     c.sft.learning_rate = 1e-3
     c.grpo.steps = 60
