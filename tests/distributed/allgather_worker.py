@@ -1,4 +1,4 @@
-"""Run by test_distributed.py under experiments/launch_local.py: one rank of a 2-process run.
+"""Run by test_multihost.py under experiments/launch_local.py: one rank of a 2-process run.
 
 Checks, on each process, the fitness gather (process route and in-program route), the global mesh
 and process-0-only writing; prints a JSON line the test reads back.
