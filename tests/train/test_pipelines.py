@@ -4,6 +4,7 @@ addition: every pipeline runs, writes its artefacts, and resumes bit-exactly."""
 import json
 import os
 
+import jax
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
@@ -77,7 +78,7 @@ def test_resume_is_exact(method, tmp_path):
     resumed = train_and_evaluate(tiny_config(method, 4), split, resume=True, verbose=False)
 
     a, b = final_state(full, 4), final_state(split, 4)
-    leaves_a, leaves_b = ([np.asarray(x) for x in __import__("jax").tree.leaves(t)] for t in (a, b))
+    leaves_a, leaves_b = ([np.asarray(x) for x in jax.tree.leaves(t)] for t in (a, b))
     assert len(leaves_a) == len(leaves_b) > 0
     for x, y in zip(leaves_a, leaves_b, strict=True):
         np.testing.assert_array_equal(x, y)
@@ -87,7 +88,7 @@ def test_resume_is_exact(method, tmp_path):
     start = final_state(split, 2)
     moved = [
         not np.array_equal(np.asarray(x), np.asarray(y))
-        for x, y in zip(__import__("jax").tree.leaves(start), leaves_b, strict=True)
+        for x, y in zip(jax.tree.leaves(start), leaves_b, strict=True)
     ]
     assert any(moved)
 
@@ -112,7 +113,12 @@ def test_pipeline_end_to_end(method, tmp_path):
     if method == "fgrpo":
         assert 0.0 <= s["pass_at_1"] <= s["pass_at_4"] <= 1.0
     if method == "svdgrpo":
-        # Only the genome (singular-value offsets) is trained; U, V stay the SFT's.
+        # Only the genome (offsets to the SFT singular values: 4 targets x 2 factors x 2 layers
+        # x rank 4) is trainable; the SVD basis is frozen. (The random model earns no reward, so
+        # the genome gets no gradient here; the rl package tests the updates.)
         st, st0 = final_state(str(tmp_path), 2), final_state(str(tmp_path), 0)
-        g, g0 = np.asarray(st["grpo"]["params"]), np.asarray(st0["grpo"]["params"])
-        assert g.ndim == 1 and not np.array_equal(g, g0) and not g0.any()
+        g0 = np.asarray(st0["grpo"]["params"])
+        assert g0.shape == (64,) and not g0.any()
+        assert np.asarray(st["grpo"]["params"]).shape == (64,)
+        for x, y in zip(jax.tree.leaves(st["frozen"]), jax.tree.leaves(st0["frozen"]), strict=True):
+            np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
