@@ -11,7 +11,7 @@ Strategies know nothing about models; see `base` for the contract a user's own v
 from essa_jax.es.base import Strategy
 from essa_jax.es.cma_es import CMAES, CMAESState
 from essa_jax.es.openai_es import OpenAIES, OpenAIESState
-from essa_jax.es.registry import STRATEGIES, get_strategy
+from essa_jax.es.registry import STRATEGIES, get_strategy, register_strategy
 from essa_jax.es.sep_cma_es import SepCMAES, SepCMAESState
 from essa_jax.es.shaping import SHAPING_FNS, centred_ranks, get_shaping_fn, ranks, raw, z_score
 
@@ -30,5 +30,6 @@ __all__ = [
     "get_strategy",
     "ranks",
     "raw",
+    "register_strategy",
     "z_score",
 ]

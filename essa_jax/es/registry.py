@@ -24,3 +24,21 @@ def get_strategy(name: str, **kwargs: Any) -> Strategy:
     if name not in STRATEGIES:
         raise ValueError(f"unknown strategy {name!r}; valid names: {sorted(STRATEGIES)}")
     return STRATEGIES[name](**kwargs)
+
+
+def register_strategy(name: str, cls: type) -> type:
+    """Register a user's strategy class under `name`, so configs can pick it by string.
+
+    `cls(**kwargs)` must build an object with `init`, `ask`, `tell`, `num_dims` and
+    `population_size` (see `essa_jax.es.base.Strategy`). Returns `cls`, so it works as a decorator
+    via `functools.partial(register_strategy, "name")`.
+    """
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"strategy name must be a non-empty string, got {name!r}")
+    missing = [m for m in ("init", "ask", "tell") if not callable(getattr(cls, m, None))]
+    if missing:
+        raise TypeError(f"strategy {name!r} ({cls!r}) lacks the methods {missing}; see es.base")
+    if name in STRATEGIES and STRATEGIES[name] is not cls:
+        raise ValueError(f"strategy name {name!r} is taken by {STRATEGIES[name]!r}")
+    STRATEGIES[name] = cls
+    return cls

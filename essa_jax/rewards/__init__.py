@@ -21,6 +21,7 @@ from .functions import (
     guard_reward,
     make_math_reward,
     math_reward,
+    register_reward,
 )
 from .stats import RewardStats
 from .timeout import RewardTimeoutError, abandoned_threads, call_with_timeout
@@ -38,6 +39,7 @@ __all__ = [
     "RewardTimeoutError",
     "abandoned_threads",
     "answers_match",
+    "register_reward",
     "arith_reward",
     "call_with_timeout",
     "combine_rewards",

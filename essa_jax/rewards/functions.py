@@ -108,6 +108,22 @@ def get_reward(name: str) -> RewardFn:
     return REWARDS[name]
 
 
+def register_reward(name: str, fn: RewardFn) -> RewardFn:
+    """Register `fn(prompts, completions, **task_fields) -> list[float]` under `name` for configs.
+
+    The loops wrap every reward with `guard_reward`, so an exception or a non-finite value on one
+    completion scores it 0.0 and is counted instead of ending the run.
+    """
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"reward name must be a non-empty string, got {name!r}")
+    if not callable(fn):
+        raise TypeError(f"reward {name!r} must be callable, got {type(fn).__name__}")
+    if name in REWARDS and REWARDS[name] is not fn:
+        raise ValueError(f"reward name {name!r} is taken by {REWARDS[name]!r}")
+    REWARDS[name] = fn
+    return fn
+
+
 # ---------------------------------------------------------------------------------------------
 # safe calling and composition
 

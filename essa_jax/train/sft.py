@@ -68,7 +68,7 @@ def sft_step(lora, opt_state, params, model_config, optimizer, tokens, mask, los
     loss, grads = jax.value_and_grad(sft_loss)(lora, params, model_config, tokens, mask, loss_mask)
     updates, opt_state = optimizer.update(grads, opt_state, lora)
     lora = optax.apply_updates(lora, updates)
-    return lora, opt_state, {"loss": loss, "grad_norm": optax.global_norm(grads)}
+    return lora, opt_state, {"loss": loss, "grad_norm": optax.tree.norm(grads)}
 
 
 def train_sft(
