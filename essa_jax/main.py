@@ -6,6 +6,11 @@ Override any field with `--config.<field>=<value>` (e.g. `--config.essa.populati
 unknown field is an error (the config is locked). The config is validated before the model is
 loaded; a run resumes automatically from the latest complete checkpoint in `--workdir`
 (`--resume` insists on one, `--noresume_auto` refuses to reuse a workdir that has one).
+
+Several processes (hosts): start the same command on each with `--coordinator_address=host:port
+--num_processes=N --process_id=i` (or the JAX_* environment variables; locally
+`experiments/launch_local.py -n N -- python -m essa_jax.main ...`). `--workdir` must be one shared
+directory; process 0 writes the logs and results, every process takes part in checkpointing.
 """
 
 from __future__ import annotations
@@ -17,6 +22,12 @@ from typing import Any
 
 from absl import app, flags
 from ml_collections import config_flags
+
+from essa_jax import distributed
+
+# --coordinator_address / --num_processes / --process_id (else $JAX_COORDINATOR_ADDRESS,
+# $JAX_NUM_PROCESSES, $JAX_PROCESS_ID): one command line for every process of a multi-host run.
+distributed.define_flags()
 
 
 def define_flags(
@@ -82,11 +93,18 @@ _HOLDERS: dict[str, Any] = {}
 def main(argv: list[str]) -> int:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    # Before validate_config: jax.device_count() there creates the backend, after which this
+    # process could no longer join a multi-process run.
+    distributed.initialize_from_flags()
     from absl import logging
 
     if not flags.FLAGS["verbosity"].present:
         logging.set_verbosity(logging.WARNING)  # orbax logs every checkpoint step at INFO
-    return run_from_flags(_HOLDERS)
+    rc = run_from_flags(_HOLDERS)
+    # A barrier: no process leaves while a peer still needs it. Not reached on an exception,
+    # where waiting for the peers would only delay the failure.
+    distributed.shutdown()
+    return rc
 
 
 def run() -> None:

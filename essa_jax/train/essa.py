@@ -22,7 +22,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from essa_jax import lora as lora_lib
+from essa_jax.distributed import allgather_fitness
 from essa_jax.es import get_strategy
+from essa_jax.es.distributed import evaluate_across_processes
 from essa_jax.population import evaluate_population, make_population_mesh, replicate
 from essa_jax.train.rollouts import init_cursor, next_indices
 
@@ -79,8 +81,11 @@ class ESSALoop:
             population_size=c.essa.population_size,
             sigma_init=c.essa.sigma_init,
         )
-        shards = c.essa.population_devices or jax.device_count()
-        self.mesh = make_population_mesh(pop=shards, data=1) if shards > 1 else None
+        # This process's devices only: with several processes each evaluates its own members
+        # (evaluate_across_processes), and evaluate_population reads its outputs on the host.
+        shards = c.essa.population_devices or jax.local_device_count()
+        local = jax.local_devices()
+        self.mesh = make_population_mesh(pop=shards, data=1, devices=local) if shards > 1 else None
         self.params = replicate(run.params, self.mesh) if self.mesh is not None else run.params
 
     # -- state -------------------------------------------------------------------------------
@@ -115,28 +120,52 @@ class ESSALoop:
         z = self.strategy.ask(k_ask, state.es)
         idx, cursor = next_indices(state.cursor, cfg.prompts_per_candidate)
         batch = run.train.take(idx)
-        ev = evaluate_population(
-            self.params,
-            run.model_config,
-            state.basis,
-            self.layout,
-            z * state.scale,
-            batch.tokens,
-            batch.mask,
-            # A typed key: population_generate's per-row fold_in reshape assumes one (a raw
-            # uint32 [2] key fails there when sampling).
-            jax.random.wrap_key_data(k_gen),
-            prompts=batch.prompts,
-            reward_fn=run.reward_fn,
-            decode=run.tokenizer,
-            task_fields=batch.fields,
-            max_new_tokens=run.config.generation.max_new_tokens,
-            greedy=bool(cfg.greedy),
-            temperature=float(cfg.temperature),
-            eos_token_ids=run.sampler.eos_token_ids,
-            mesh=self.mesh,
+        local_evals = []
+        if jax.process_count() > 1 and not cfg.greedy:
+            # The engine keys sampling by the local member index; fold in this process's first
+            # member so processes draw different samples (the draws then depend on the process
+            # count, unlike greedy fitness).
+            p, n = z.shape[0], jax.process_count()
+            k_gen = jax.random.fold_in(k_gen, jax.process_index() * -(-p // n))
+
+        def evaluate(zs: jax.Array) -> np.ndarray:
+            ev = evaluate_population(
+                self.params,
+                run.model_config,
+                state.basis,
+                self.layout,
+                zs * state.scale,
+                batch.tokens,
+                batch.mask,
+                # A typed key: population_generate's per-row fold_in reshape assumes one (a raw
+                # uint32 [2] key fails there when sampling).
+                jax.random.wrap_key_data(k_gen),
+                prompts=batch.prompts,
+                reward_fn=run.reward_fn,
+                decode=run.tokenizer,
+                task_fields=batch.fields,
+                max_new_tokens=run.config.generation.max_new_tokens,
+                greedy=bool(cfg.greedy),
+                temperature=float(cfg.temperature),
+                eos_token_ids=run.sampler.eos_token_ids,
+                mesh=self.mesh,
+            )
+            local_evals.append(ev)
+            return ev.fitness
+
+        # ESSA Sec. 3: each process scores its shard of the shared population; only the [P]
+        # fitness (and three rollout statistics below) cross process boundaries.
+        fitness = np.asarray(evaluate_across_processes(evaluate, z))
+        ev = local_evals[0]
+        stats = np.asarray(
+            [
+                ev.metrics["completion_len"],
+                ev.metrics["truncated"],
+                np.asarray(ev.generation.lengths).sum(),
+            ],
+            np.float64,
         )
-        fitness = ev.fitness
+        stats = allgather_fitness(stats).reshape(-1, 3)
         # Equal fitness carries no ranking: CMA-ES would still move the mean (ties broken by
         # index), a random walk of sigma * ||z|| / sqrt(mu_eff) per generation. Keep the state.
         flat = bool(cfg.skip_flat) and float(np.ptp(fitness)) == 0.0
@@ -152,7 +181,7 @@ class ESSALoop:
             "sigma": float(es.sigma),
             "update_norm": float(es.update_norm),
             "mean_norm": float(jnp.linalg.norm(es.mean)),
-            "completion_len": ev.metrics["completion_len"],
-            "truncated": ev.metrics["truncated"],
+            "completion_len": float(np.mean(stats[:, 0])),
+            "truncated": float(np.mean(stats[:, 1])),
         }
-        return new, metrics, int(np.asarray(ev.generation.lengths).sum())
+        return new, metrics, int(stats[:, 2].sum())

@@ -36,21 +36,25 @@ class MetricsLogger:
 
     `history` holds every row written; on resume the logger is rebuilt from the checkpoint's
     history (`restore`), so rows written after the checkpoint by an interrupted run are dropped.
+    `write_files=False` (processes other than 0 of a multi-process run) keeps the history only.
     """
 
-    def __init__(self, workdir: str, *, tensorboard: bool = True):
-        os.makedirs(workdir, exist_ok=True)
+    def __init__(self, workdir: str, *, tensorboard: bool = True, write_files: bool = True):
+        self.write_files = write_files
+        if write_files:
+            os.makedirs(workdir, exist_ok=True)
         self.path = os.path.join(workdir, METRICS_FILE)
         self.history: list[dict[str, Any]] = []
         self._tb = None
-        self._tb_dir = os.path.join(workdir, "tb") if tensorboard else None
+        self._tb_dir = os.path.join(workdir, "tb") if tensorboard and write_files else None
 
     def restore(self, history: Iterable[dict[str, Any]], purge_step: int | None = None) -> None:
         """Start from `history` (from a checkpoint): rewrite the JSONL file with exactly it."""
         self.history = [dict(r) for r in history]
-        with open(self.path, "w") as f:
-            for row in self.history:
-                f.write(json.dumps(row) + "\n")
+        if self.write_files:
+            with open(self.path, "w") as f:
+                for row in self.history:
+                    f.write(json.dumps(row) + "\n")
         self._open_tb(purge_step)
 
     def start(self) -> None:
@@ -68,8 +72,9 @@ class MetricsLogger:
     def write(self, phase: str, step: int, **metrics: Any) -> dict[str, Any]:
         row = {"phase": phase, "step": int(step), **{k: _plain(v) for k, v in metrics.items()}}
         self.history.append(row)
-        with open(self.path, "a") as f:
-            f.write(json.dumps(row) + "\n")
+        if self.write_files:
+            with open(self.path, "a") as f:
+                f.write(json.dumps(row) + "\n")
         if self._tb is not None:
             for k, v in row.items():
                 if k in ("phase", "step") or not isinstance(v, int | float) or isinstance(v, bool):

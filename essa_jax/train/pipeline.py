@@ -10,6 +10,13 @@
     5. final held-out accuracy (+ pass@k), summary.json and a printed table, PNG plots, the adapter
        in PEFT format (`<workdir>/adapter`).
 
+Several processes (`essa_jax.distributed`): every process runs this same function on the same
+config and holds the same state; ESSA splits each generation's members over the processes
+(`essa_jax.train.essa`). Process 0 alone writes config.json, metrics.jsonl, TensorBoard events,
+summary.json, the plots and the PEFT adapter; checkpoints are written and read by all (orbax is
+collective). A resumed run falls back past a newest checkpoint that cannot be read
+(`essa_jax.checkpointing`).
+
 The wall-clock axis (`wall_s`) counts the loop's own time only: SFT, held-out evaluation and
 checkpoint writes are excluded, so methods compare at equal training cost.
 """
@@ -27,6 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from essa_jax import lora as lora_lib
+from essa_jax.checkpointing import restore_checkpointer_with_fallback
 from essa_jax.config import RANDOM_PREFIX, validate_config
 from essa_jax.train import summary as summary_lib
 from essa_jax.train.checkpoint import Checkpointer
@@ -126,8 +134,8 @@ def build_run(config, workdir: str, *, verbose: bool = True) -> Run:
         reward_fn=reward_fn,
         sampler=sampler,
         lora_config=lora_config,
-        logger=MetricsLogger(workdir),
-        verbose=verbose,
+        logger=MetricsLogger(workdir, write_files=_is_main()),
+        verbose=verbose and _is_main(),
     )
     run.log(
         f"model {config.model.path} ({model_config.num_params() / 1e6:.1f}M params) and task "
@@ -199,8 +207,9 @@ def train_and_evaluate(config, workdir: str, *, resume: bool | None = None, verb
             f"{workdir} already holds checkpoints (latest step {latest}); resume or use a new "
             "--workdir"
         )
-    with open(os.path.join(workdir, "config.json"), "w") as f:
-        f.write(config.to_json_best_effort(indent=2) + "\n")
+    if _is_main():
+        with open(os.path.join(workdir, "config.json"), "w") as f:
+            f.write(config.to_json_best_effort(indent=2) + "\n")
 
     run = build_run(config, workdir, verbose=verbose)
     loop = make_loop(run)
@@ -220,7 +229,16 @@ def train_and_evaluate(config, workdir: str, *, resume: bool | None = None, verb
         run.logger.restore(meta["history"])
     else:
         template = _template(run, loop, k_loop)
-        state, meta = ckpt.restore(latest, template)
+        # A newest step that cannot be read (truncated, half-copied) is quarantined with a
+        # CheckpointFallbackWarning and the previous one resumed instead.
+        restored = restore_checkpointer_with_fallback(ckpt, ckpt.directory, template)
+        if restored is None:
+            raise RuntimeError(
+                f"no checkpoint in {ckpt.directory} can be restored (latest step {latest}); "
+                "move the directory away to start afresh"
+            )
+        latest, state, meta = restored
+        ckpt.reload()
         run.log(f"resuming from {workdir}/checkpoints/{latest}")
         run.logger.restore(meta["history"], purge_step=latest + 1)
 
@@ -234,17 +252,24 @@ def train_and_evaluate(config, workdir: str, *, resume: bool | None = None, verb
 
     final = _final_eval(run, final_lora, meta)
     pass_k = _pass_at_k(run, final_lora) if config.eval.pass_k_samples else {}
-    lora_lib.export_peft(
-        os.path.join(workdir, "adapter"),
-        export,
-        run.lora_config,
-        base_model_name_or_path=config.model.path,
-    )
     summary = summary_lib.make_summary(config, meta, final, pass_k)
-    summary_lib.write_summary(workdir, summary, verbose=verbose)
-    summary_lib.plot_run(workdir, run.logger.history, title=f"{config.method} {config.task.name}")
+    if _is_main():
+        lora_lib.export_peft(
+            os.path.join(workdir, "adapter"),
+            export,
+            run.lora_config,
+            base_model_name_or_path=config.model.path,
+        )
+        summary_lib.write_summary(workdir, summary, verbose=run.verbose)
+        title = f"{config.method} {config.task.name}"
+        summary_lib.plot_run(workdir, run.logger.history, title=title)
     run.logger.close()
     return summary
+
+
+def _is_main() -> bool:
+    """Process 0 of a multi-process run (always True for one process): the one writing files."""
+    return jax.process_index() == 0
 
 
 def _final_eval(run: Run, lora: Any, meta: dict) -> dict[str, Any]:
