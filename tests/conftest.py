@@ -1,8 +1,8 @@
 """Shared test setup.
 
 8 host devices are forced before jax is imported anywhere, so sharding tests can build meshes of
-1, 2, 4 and 8 devices on a CPU-only machine. Slow end-to-end tests carry `@pytest.mark.slow`: CI runs
-them; `pytest -m "not slow"` (make test-fast) skips them locally.
+1, 2, 4 and 8 devices on a CPU-only machine. Slow end-to-end tests carry `@pytest.mark.slow`:
+CI runs them; `pytest -m "not slow"` (make test-fast) skips them locally.
 """
 
 import os
