@@ -59,7 +59,7 @@ def block(x: Any) -> Any:
 
 
 def time_fn(fn: Callable[[], Any], *, repeats: int = 3, warmup: int = 1) -> dict[str, float]:
-    """Run `fn` warmup + repeats times: the first (compile) time, then min and median of the rest."""
+    """Run `fn` warmup + repeats times: first (compile) time, then min and median of the rest."""
     t0 = time.perf_counter()
     block(fn())
     first = time.perf_counter() - t0
