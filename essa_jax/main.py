@@ -28,6 +28,8 @@ from essa_jax import distributed
 # --coordinator_address / --num_processes / --process_id (else $JAX_COORDINATOR_ADDRESS,
 # $JAX_NUM_PROCESSES, $JAX_PROCESS_ID): one command line for every process of a multi-host run.
 distributed.define_flags()
+if "coordinator" not in flags.FLAGS:
+    flags.DEFINE_alias("coordinator", "coordinator_address")
 
 
 def define_flags(

@@ -172,3 +172,18 @@ def test_cli_placeholder_model_path(cli, tmp_path, capsys):
     cfg = os.path.join(CONFIGS, "essa_qwen2p5_7b_gsm8k.py")
     assert cli(f"--config={cfg}", f"--workdir={tmp_path}") == 2
     assert "set --config.model.path" in capsys.readouterr().err
+
+
+def test_main_joins_the_run_before_anything_else(monkeypatch):
+    """jax.distributed must be initialised before validate_config creates the JAX backend."""
+    from essa_jax import main as main_mod
+
+    calls = []
+    monkeypatch.setattr(main_mod.distributed, "initialize_from_flags", lambda: calls.append("init"))
+    monkeypatch.setattr(main_mod.distributed, "shutdown", lambda: calls.append("shutdown"))
+    monkeypatch.setattr(main_mod, "run_from_flags", lambda holders: calls.append("run") or 0)
+    assert main_mod.main(["essa_jax.main"]) == 0
+    assert calls == ["init", "run", "shutdown"]
+    # The multi-process flags exist on the CLI, --coordinator as an alias.
+    for name in ("coordinator_address", "coordinator", "num_processes", "process_id"):
+        assert name in flags.FLAGS, name

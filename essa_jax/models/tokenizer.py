@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,14 @@ def load_tokenizer(path_or_name: str | Path) -> Any:
             str(path), local_files_only=True, trust_remote_code=False
         )
     if path.is_file() and path.suffix == ".gguf":
+        cache = _gguf_cache_dir(path)
+        if cache is not None and (cache / "tokenizer_config.json").is_file():
+            try:
+                return AutoTokenizer.from_pretrained(
+                    str(cache), local_files_only=True, trust_remote_code=False
+                )
+            except (OSError, ValueError):
+                pass  # a partial or stale cache: rebuild it from the GGUF below
         tok = AutoTokenizer.from_pretrained(
             str(path.parent), gguf_file=path.name, local_files_only=True, trust_remote_code=False
         )
@@ -33,8 +42,42 @@ def load_tokenizer(path_or_name: str | Path) -> Any:
             field = gguf.GGUFReader(str(path)).fields.get("tokenizer.chat_template")
             if field is not None:
                 tok.chat_template = field.contents()
+        if cache is not None:
+            _save_cache(tok, cache)
         return tok
     raise CheckpointError(
         f"no tokenizer at {path_or_name!r}: expected an HF directory, a .gguf file, or "
         "'smollm2-135m-instruct'"
     )
+
+
+def _gguf_cache_dir(path: Path) -> Path | None:
+    """Cache dir of the tokenizer converted from `path`, keyed by the GGUF's name, size and mtime.
+
+    Converting GGUF metadata to a fast tokenizer takes ~30 s; loading the saved result takes < 1 s.
+    `ESSA_JAX_CACHE` overrides the root (default ~/.cache/essa_jax); "0" or "" disables caching.
+    """
+    root = os.environ.get("ESSA_JAX_CACHE", os.path.join("~", ".cache", "essa_jax"))
+    if root in ("", "0"):
+        return None
+    st = path.stat()
+    key = f"{path.stem}-{st.st_size}-{int(st.st_mtime)}"
+    return Path(root).expanduser() / "tokenizers" / key
+
+
+def _save_cache(tok: Any, cache: Path) -> None:
+    """Write the tokenizer to `cache` atomically (a temp dir renamed), so a reader never sees half
+    of it; a failure to write (read-only home, a concurrent writer) only costs the next load."""
+    import shutil
+    import tempfile
+
+    try:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        tmp = tempfile.mkdtemp(dir=cache.parent, prefix=cache.name + ".tmp")
+        tok.save_pretrained(tmp)
+        try:
+            os.rename(tmp, cache)
+        except OSError:
+            shutil.rmtree(tmp, ignore_errors=True)  # another process cached it first
+    except OSError:
+        pass

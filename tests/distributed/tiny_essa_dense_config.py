@@ -6,9 +6,9 @@ singular values strongly (sigma_init 1.0 after a larger SFT step) so members' gr
 differ. Used by test_main_multiprocess.py to compare a 2-process run with a 1-process run.
 """
 
-import importlib.util
 import os
 
+from essa_jax.config import load_config_file
 from essa_jax.rewards import REWARDS, register_reward
 
 
@@ -22,12 +22,7 @@ if "char_code" not in REWARDS:
 
 
 def get_config():
-    # Loaded by path (config_flags), so the sibling config is too.
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tiny_essa_config.py")
-    spec = importlib.util.spec_from_file_location("tiny_essa_config", path)
-    base = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(base)
-    c = base.get_config()
+    c = load_config_file(os.path.join(os.path.dirname(__file__), "tiny_essa_config.py"))
     c.task.reward = "char_code"
     c.sft.steps = 4
     c.sft.learning_rate = 3e-2
