@@ -247,7 +247,8 @@ def validate_config(config, num_devices: int | None = None) -> None:
     """Check every field against the others and the model's dims; raise ConfigError on the first.
 
     Runs before any weight is loaded or any function compiled. `num_devices` defaults to
-    `jax.device_count()`.
+    `jax.local_device_count()`: each process splits its share of the population over its own
+    devices (across processes only the fitness vector travels).
     """
     _check_choice("method", config.method, METHODS)
     _check_choice("model.dtype", config.model.dtype, DTYPES)
@@ -311,7 +312,9 @@ def validate_config(config, num_devices: int | None = None) -> None:
         shards = num_devices if e.population_devices == 0 else e.population_devices
         if shards > num_devices:
             raise ConfigError(
-                "essa.population_devices", e.population_devices, f"0..{num_devices} (devices)"
+                "essa.population_devices",
+                e.population_devices,
+                f"0..{num_devices} (this process's devices)",
             )
         if e.population_size % shards:
             valid = [p for p in range(shards, 4 * shards + 1, shards)]
@@ -377,7 +380,7 @@ def validate_config(config, num_devices: int | None = None) -> None:
 def _device_count() -> int:
     import jax
 
-    return jax.device_count()
+    return jax.local_device_count()
 
 
 def load_config_file(path: str, *args: str) -> ml_collections.ConfigDict:
