@@ -71,7 +71,8 @@ def base_config() -> ml_collections.ConfigDict:
     c.task.eval_path = ""  # local held-out file; "" = split `eval_fraction` off `path`
     c.task.eval_fraction = 0.05
     # essa_jax.data prompt format: "prefill" (chat + the assistant turn started with "A + B = "),
-    # "chat", "plain" (base models), "few_shot".
+    # "assistant" (only the assistant header + "A + B = ": the shortest), "chat", "plain" (base
+    # models), "few_shot".
     c.task.prompt_format = "prefill"
     # System message: "default" = the chat template's own (SmolLM2 inserts a 16-token one); any
     # other string (also "") is sent as the system message.
@@ -99,6 +100,9 @@ def base_config() -> ml_collections.ConfigDict:
 
     c.essa = ml_collections.ConfigDict()
     c.essa.strategy = "cma_es"  # any name of essa_jax.es.get_strategy
+    # CMA-ES only: sample population_size / 2 mirrored pairs m +- sigma y and keep the better of
+    # each pair (essa_jax.es.cma_es): robust to the coarse, noisy fitness of a few prompts.
+    c.essa.mirrored = False
     c.essa.population_size = 16  # lambda
     c.essa.prompts_per_candidate = 16  # fitness = mean reward on this many training prompts
     c.essa.generations = 40
@@ -323,6 +327,16 @@ def validate_config(config, num_devices: int | None = None) -> None:
                 e.population_size,
                 f"multiples of {shards} (the population is split over {shards} device(s)), "
                 f"e.g. {valid}",
+            )
+        if e.mirrored and e.strategy != "cma_es":
+            raise ConfigError(
+                "essa.mirrored", e.mirrored, "False for strategy " + repr(e.strategy),
+                "mirrored pairs with pairwise selection are implemented for 'cma_es' "
+                "(openai_es is antithetic already)",
+            )  # fmt: skip
+        if e.mirrored and e.population_size % 2:
+            raise ConfigError(
+                "essa.population_size", e.population_size, "even sizes with essa.mirrored=True"
             )
         _check_positive("essa.prompts_per_candidate", e.prompts_per_candidate)
         _check_positive("essa.generations", e.generations)

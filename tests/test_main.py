@@ -69,6 +69,14 @@ def test_group_size_vs_batch_and_focal():
     assert "fgrpo" in str(e)
 
 
+def test_mirrored_needs_cma_es_and_an_even_population():
+    e = _error(tiny(**{"essa.mirrored": True, "essa.strategy": "sep_cma_es"}))
+    assert e.field == "essa.mirrored" and "cma_es" in str(e)
+    e = _error(tiny(**{"essa.mirrored": True, "essa.population_size": 5}))
+    assert e.field == "essa.population_size" and "even" in str(e)
+    validate_config(tiny(**{"essa.mirrored": True, "essa.population_size": 6}))
+
+
 @pytest.mark.parametrize(
     "field,value",
     [

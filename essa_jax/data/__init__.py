@@ -5,7 +5,7 @@
     generate_task("add_2d", num_train=..., num_eval=..., seed=...) -> (train, eval)
     load_task(config) -> Task(train, eval, prompt_format, reward, ...)
     split_train_eval(examples, eval_fraction, seed); init_cursor / next_batch (resumable batches)
-    build_prompt(example, tokenizer, format="chat"|"prefill"|"plain"|"few_shot", system_prompt=...)
+    build_prompt(example, tokenizer, format=<one of PROMPT_FORMATS>, system_prompt=...)
     prompt_token_ids(examples, tokenizer, max_prompt_tokens=..., on_too_long=...) -> PromptBatch
 
 A normalised example is a dict with at least `id`, `question`, `prompt` (= question) and `answer`
@@ -33,6 +33,7 @@ from .loading import (
 )
 from .prompts import (
     PAPER_SYSTEM_PROMPT,
+    PREFILL_FORMATS,
     PROMPT_FORMATS,
     PromptBatch,
     TruncationReport,
@@ -50,6 +51,7 @@ __all__ = [
     "FORMATS",
     "GENERATED_TASKS",
     "PAPER_SYSTEM_PROMPT",
+    "PREFILL_FORMATS",
     "PROMPT_FORMATS",
     "TASK_FIELDS",
     "Cursor",

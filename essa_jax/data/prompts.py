@@ -6,6 +6,11 @@ Formats:
 - "prefill": "chat", then the example's `prefill` text (e.g. "23 + 45 = ") appended after the
   assistant header, so the completion starts with the answer. The embedded default for the
   arithmetic tasks (docs SMOLLM2.md: 24% greedy on add_2d for SmolLM2-135M-Instruct vs 15% without).
+- "assistant": only the chat template's assistant header, then the example's `prefill` (no system
+  or user turn): "<|im_start|>assistant\n23 + 45 = " for SmolLM2, 12 tokens for add_2d instead of
+  32 (empty system turn) or 48 (template default). Every ESSA candidate pays for every prompt token,
+  so this is the cheapest format an instruct model still answers (docs SMOLLM2.md: 23% greedy on
+  add_2d before SFT, against 17% for "prefill" with an empty system turn).
 - "plain" (base models): "Question: {question}{instruction}\\nAnswer:" (+ " " + prefill when the
   example has one).
 - "few_shot": `shots` rendered in the "plain" layout with their answers, a blank line between, then
@@ -32,7 +37,9 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
-PROMPT_FORMATS = ("chat", "prefill", "plain", "few_shot")
+PROMPT_FORMATS = ("chat", "prefill", "assistant", "plain", "few_shot")
+# Formats whose prompt ends with the example's `prefill`, so the completion is the bare answer.
+PREFILL_FORMATS = ("prefill", "assistant")
 ON_TOO_LONG = ("error", "skip", "truncate_left")
 PAPER_SYSTEM_PROMPT = "Please reason step by step and place your final answer in \\boxed{}."
 
@@ -72,6 +79,33 @@ def _plain(example: Mapping[str, Any], instruction: str, answer: str | None = No
     return text
 
 
+def assistant_header(tokenizer: Any) -> str:
+    """The text a chat template appends for `add_generation_prompt=True` (the assistant header).
+
+    Found as the difference between a one-message conversation rendered with and without the
+    generation prompt, so it works for any template (ChatML, Llama 3, Qwen2) without knowing it.
+    """
+    msgs = [{"role": "user", "content": "x"}]
+    without = tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=False)
+    with_header = tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+    if not with_header.startswith(without) or with_header == without:
+        raise ValueError(
+            "prompt format 'assistant' needs a chat template that appends an assistant header "
+            "for add_generation_prompt=True; this tokenizer's does not (use 'prefill')"
+        )
+    return with_header[len(without) :]
+
+
+def _require_prefill(example: Mapping[str, Any], format: str) -> str:
+    prefill = example.get("prefill")
+    if not prefill:
+        raise ValueError(
+            f"prompt format {format!r} needs a 'prefill' field; example "
+            f"{example.get('id', '?')!r} has none (use format='chat' for this task)"
+        )
+    return prefill
+
+
 def _shot_answer(shot: Mapping[str, Any]) -> str:
     if shot.get("solution") and not shot.get("prefill"):
         return f"{shot['solution']}\nThe answer is {shot['answer']}."
@@ -100,19 +134,15 @@ def build_prompt(
     """
     if format not in PROMPT_FORMATS:
         raise ValueError(f"prompt format {format!r} is not valid; valid: {PROMPT_FORMATS}")
-    if format in ("chat", "prefill"):
+    if format in ("chat", "prefill", "assistant"):
         if tokenizer is None or not hasattr(tokenizer, "apply_chat_template"):
             raise ValueError(f"prompt format {format!r} needs a tokenizer with apply_chat_template")
+        if format == "assistant":
+            return assistant_header(tokenizer) + _require_prefill(example, format)
         msgs = chat_messages(example, system_prompt=system_prompt, instruction=instruction)
         text = tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
         if format == "prefill":
-            prefill = example.get("prefill")
-            if not prefill:
-                raise ValueError(
-                    f"prompt format 'prefill' needs a 'prefill' field; example "
-                    f"{example.get('id', '?')!r} has none (use format='chat' for this task)"
-                )
-            text += prefill
+            text += _require_prefill(example, format)
         return text
     if format == "plain":
         return _plain(example, instruction)

@@ -18,7 +18,7 @@ from .batching import split_train_eval
 from .generated import generate_task as _generate
 from .generated import is_generated_task
 from .loading import LoadReport, load_examples
-from .prompts import PROMPT_FORMATS
+from .prompts import PREFILL_FORMATS, PROMPT_FORMATS
 
 # field -> (default, meaning)
 TASK_FIELDS: dict[str, tuple[Any, str]] = {
@@ -42,7 +42,10 @@ TASK_FIELDS: dict[str, tuple[Any, str]] = {
     "eval_split": (None, "split of a saved DatasetDict for eval_path"),
     "max_train": (None, "keep the first max_train training examples"),
     "max_eval": (None, "keep the first max_eval held-out examples"),
-    "prompt_format": (None, "chat, prefill, plain, few_shot (default: prefill for arithmetic)"),
+    "prompt_format": (
+        None,
+        "chat, prefill, assistant, plain, few_shot (default: prefill for arithmetic)",
+    ),
     "system_prompt": (None, "explicit system message (None: the chat template's default)"),
     "instruction": ("", "text appended to every question"),
     "reward": (None, "reward name: arith (first number), math, format (default by format)"),
@@ -133,7 +136,7 @@ def load_task(config: Any) -> Task:
     fmt = cfg["prompt_format"] or default_format
     if fmt not in PROMPT_FORMATS:
         raise ValueError(f"prompt_format {fmt!r} is not valid; valid: {PROMPT_FORMATS}")
-    reward = cfg["reward"] or ("arith" if fmt == "prefill" else "math")
+    reward = cfg["reward"] or ("arith" if fmt in PREFILL_FORMATS else "math")
     from essa_jax.rewards import REWARDS
 
     if reward not in REWARDS:

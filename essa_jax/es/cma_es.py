@@ -11,6 +11,15 @@ several:
   symmetrising C; eigenvalues are floored at ``max_eigenvalue * eps(dtype)`` so B, D stay finite.
   It happens inside ``tell`` under a ``lax.cond`` on the generation counter, so ``ask`` only reads
   the state. Under ``vmap`` the cond becomes a select and every generation pays for ``eigh``.
+- Optional mirrored sampling with pairwise selection (``mirrored=True``; Brockhoff et al. 2010,
+  "Mirrored sampling and sequential selection for evolution strategies", PPSN; Auger, Brockhoff &
+  Hansen 2011, "Mirrored sampling in evolution strategies with weighted recombination", GECCO):
+  ``ask`` returns lambda/2 pairs m +- sigma y_i; ``tell`` keeps the better member of every pair and
+  recombines the best mu of those lambda/2 with the weights of a population of lambda/2. A pair
+  shares every even-order effect of its perturbation (a random direction that hurts whatever its
+  sign), so only the odd, gradient-like part decides which member wins. That is what noisy,
+  coarse fitness (accuracy on a few prompts) needs; under random fitness the kept member is a
+  random sign of y_i, so the step-size path sees no selection bias.
 - Fitness is MAXIMISED: candidates are ranked best = largest fitness. Non-finite fitness ranks last;
   a generation with no finite fitness leaves the distribution (mean, sigma, paths, C, B, D)
   untouched and only advances the counter and the metrics.
@@ -71,6 +80,8 @@ class CMAES:
       c_m: learning rate of the mean (Eq. 54, default 1).
       eigen_interval: generations between eigendecompositions of C (tutorial, Sec. B.2).
       sigma_min, sigma_max: clip of the step size, keeping the state finite.
+      mirrored: sample lambda/2 mirrored pairs and select pairwise (module docstring); lambda must
+        be even, mu then defaults to floor(lambda / 4) and the weights are those of lambda / 2.
     """
 
     num_dims: int
@@ -86,6 +97,7 @@ class CMAES:
     eigen_interval: int | None = None
     sigma_min: float = 0.0
     sigma_max: float = 1e8
+    mirrored: bool = False
     # derived in __post_init__: recombination weights (Eq. 49), mu_eff (Eq. 8), E||N(0, I)||
     weights: tuple[float, ...] = dataclasses.field(init=False, repr=False, default=())
     mu_eff: float = dataclasses.field(init=False, repr=False, default=0.0)
@@ -96,12 +108,19 @@ class CMAES:
         lam = self.population_size
         lam = base.default_population_size(n) if lam is None else lam
         lam = base.check_int("population_size", lam, 2)
-        mu = lam // 2 if self.num_parents is None else self.num_parents
+        if self.mirrored and lam % 2:
+            raise ValueError(
+                f"population_size must be even with mirrored=True (pairs m +- sigma y), got {lam}"
+            )
+        # With pairwise selection only lambda/2 candidates (the better of each pair) are ranked.
+        ranked = lam // 2 if self.mirrored else lam
+        mu = max(ranked // 2, 1) if self.num_parents is None else self.num_parents
         mu = base.check_int("num_parents", mu, 1)
-        if mu > lam:
-            raise ValueError(f"num_parents must be <= population_size ({lam}), got {mu}")
+        if mu > ranked:
+            what = "population_size / 2 (mirrored)" if self.mirrored else "population_size"
+            raise ValueError(f"num_parents must be <= {what} ({ranked}), got {mu}")
         base.check_positive("sigma_init", self.sigma_init)
-        w = base.recombination_weights(lam, mu)  # Eq. (49)
+        w = base.recombination_weights(ranked, mu)  # Eq. (49)
         mu_eff = 1.0 / sum(x * x for x in w)  # Eq. (8), sum(w) = 1
         c_sigma = (mu_eff + 2) / (n + mu_eff + 5) if self.c_sigma is None else self.c_sigma  # (55)
         d_sigma = self.d_sigma
@@ -170,17 +189,24 @@ class CMAES:
         """Sample lambda candidates x_k = m + sigma B D z_k, z_k ~ N(0, I) (Eqs. 38-40). -> [P, D].
 
         A pure function of (key, state): the state is not advanced."""
-        z = jax.random.normal(key, (self.population_size, self.num_dims), state.mean.dtype)
+        if self.mirrored:
+            half = jax.random.normal(key, (self.population_size // 2, self.num_dims))
+            z = jnp.concatenate([half, -half]).astype(state.mean.dtype)  # pair i: rows i, i + P/2
+        else:
+            z = jax.random.normal(key, (self.population_size, self.num_dims), state.mean.dtype)
         return state.mean + state.sigma * ((z * state.D) @ state.B.T)
 
     @partial(jax.jit, static_argnums=0)
     def tell(self, state: CMAESState, population: jax.Array, fitness: jax.Array) -> CMAESState:
         """Update the search distribution from `population` [P, D] and `fitness` [P] (MAXIMISED)."""
         base.check_tell_shapes(population, fitness, self.population_size, self.num_dims)
-        order, num_bad = base.sort_best_first(fitness)
         best_member, best_fitness, gen_best = base.update_best(
             state.best_member, state.best_fitness, population, fitness
         )
+        num_bad = jnp.sum(~jnp.isfinite(fitness)).astype(jnp.int32)
+        if self.mirrored:
+            population, fitness = _pairwise_select(population, fitness)
+        order, _ = base.sort_best_first(fitness)
         parents = population[order[: self.num_parents]].astype(state.mean.dtype)
         skip = num_bad == self.population_size  # nothing finite to learn from
         new = self._update(state, parents, skip)
@@ -242,6 +268,17 @@ class CMAES:
             C=C,
             update_norm=jnp.where(skip, s.update_norm, jnp.linalg.norm(mean - s.mean)),
         )
+
+
+def _pairwise_select(population: jax.Array, fitness: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """The better member of each mirrored pair (rows i and i + P/2): ([P/2, D], [P/2]).
+
+    Ties keep the first (the + member); a non-finite fitness loses to a finite one."""
+    half = population.shape[0] // 2
+    f = base.finite_or_worst(fitness)
+    plus_wins = f[:half] >= f[half:]
+    kept = jnp.where(plus_wins[:, None], population[:half], population[half:])
+    return kept, jnp.where(plus_wins, fitness[:half], fitness[half:])
 
 
 def _eigen_refresh(s: CMAESState) -> CMAESState:

@@ -80,6 +80,7 @@ class ESSALoop:
             num_dims=self.layout.size,
             population_size=c.essa.population_size,
             sigma_init=c.essa.sigma_init,
+            **({"mirrored": True} if c.essa.get("mirrored", False) else {}),
         )
         # This process's devices only: with several processes each evaluates its own members
         # (evaluate_across_processes), and evaluate_population reads its outputs on the host.

@@ -5,9 +5,9 @@ module only maps the experiment config onto the data package's task config, toke
 SFT targets and wraps the reward so that a failing reward can never crash a run.
 
 SFT target (our choice): the text after the prompt that a correct answer would have. With the
-"prefill" format the prompt already ends with "A + B = ", so the target is the answer; otherwise
-the example's worked `solution` (if any) followed by the answer in \\boxed{}, else just the boxed
-answer. EOS is appended.
+"prefill" and "assistant" formats the prompt already ends with "A + B = ", so the target is the
+answer; otherwise the example's worked `solution` (if any) followed by the answer in \\boxed{},
+else just the boxed answer. EOS is appended.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from essa_jax.data import PREFILL_FORMATS
 from essa_jax.models import pad_left
 from essa_jax.train.rollouts import PromptSet
 
@@ -84,7 +85,7 @@ def check_task_config(task) -> None:
 def reference_completion(example: dict[str, Any], prompt_format: str) -> str:
     """SFT target text of an example (module docstring), without EOS."""
     answer = str(example["answer"])
-    if prompt_format == "prefill":
+    if prompt_format in PREFILL_FORMATS:
         return answer
     solution = example.get("solution") or ""
     boxed = f"The final answer is \\boxed{{{answer}}}."

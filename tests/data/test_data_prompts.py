@@ -53,6 +53,22 @@ def test_prefill_format_default_system(tok):
     )
 
 
+def test_assistant_format_is_the_header_and_the_prefill(tok):
+    assert build_prompt(EX, tok, format="assistant") == "<|im_start|>assistant\n23 + 45 = "
+    # The system prompt and instruction belong to turns this format leaves out.
+    text = build_prompt(EX, tok, format="assistant", system_prompt="S", instruction=" I")
+    assert text == "<|im_start|>assistant\n23 + 45 = "
+    with pytest.raises(ValueError, match="'assistant' needs a 'prefill'"):
+        build_prompt({"id": "w1", "question": "q"}, tok, format="assistant")
+
+    class NoHeader(ChatMLCharTokenizer):
+        def apply_chat_template(self, messages, tokenize=False, add_generation_prompt=False):
+            return super().apply_chat_template(messages, tokenize, add_generation_prompt=False)
+
+    with pytest.raises(ValueError, match="assistant header"):
+        build_prompt(EX, NoHeader(), format="assistant")
+
+
 def test_chat_format_explicit_system_and_instruction(tok):
     text = build_prompt(
         EX,
@@ -158,3 +174,6 @@ def test_real_smollm2_tokenizer_prefill(smollm2_gguf_path):
     assert tail == ["2", "3", "Ġ+", "Ġ", "4", "5", "Ġ=", "Ġ"]  # digits are one token each
     assert ids[0] == 1  # <|im_start|>, from the template; no extra BOS added
     assert len(ids) == 48
+    short = prompt_token_ids([EX], tokenizer, format="assistant").token_ids[0]
+    assert short[0] == 1 and short[-8:] == ids[-8:] and len(short) == 12
+    assert tokenizer.decode(short) == "<|im_start|>assistant\n23 + 45 = "
