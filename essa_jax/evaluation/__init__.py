@@ -2,7 +2,8 @@
 
     evaluate(sample_fn, examples, prompt_token_ids, reward_fn=..., num_samples=n) -> dict
     evaluate_task(sample_fn, task, tokenizer, num_samples=n) -> dict
-    pass_at_k(n, c, k); avg_at_k(counts, k); wilson_interval(successes, n)
+    pass_at_k(n, c, k); avg_at_k(counts, k); wilson_interval(successes, n);
+    mcnemar_exact(before, after) (paired 0/1 outcomes)
 
 `sample_fn(prompt_token_lists, num_samples, greedy) -> list[list[str]]` is the only link to a model.
 """
@@ -12,6 +13,7 @@ from .metrics import (
     Z95,
     avg_at_k,
     ks_up_to,
+    mcnemar_exact,
     mean_interval,
     mean_pass_at_k,
     pass_at_k,
@@ -25,6 +27,7 @@ __all__ = [
     "evaluate",
     "evaluate_task",
     "ks_up_to",
+    "mcnemar_exact",
     "mean_interval",
     "mean_pass_at_k",
     "pass_at_k",

@@ -72,6 +72,23 @@ def wilson_interval(successes: int, n: int, z: float = Z95) -> tuple[float, floa
     return low, high
 
 
+def mcnemar_exact(before: Sequence[int], after: Sequence[int]) -> dict[str, float]:
+    """Paired comparison of two 0/1 outcome vectors on the same problems (exact McNemar test).
+
+    fixed b = problems wrong before and right after, broken c = right before and wrong after; under
+    "no difference" b ~ Binomial(b + c, 1/2), so the two-sided p = min(1, 2 P[X <= min(b, c)])
+    (McNemar 1947, exact binomial form). Returns {fixed, broken, p_value}.
+    """
+    x, y = np.asarray(before), np.asarray(after)
+    if x.shape != y.shape or x.ndim != 1:
+        raise ValueError(f"mcnemar_exact needs two equal-length vectors, got {x.shape}, {y.shape}")
+    b = int(np.sum((x == 0) & (y != 0)))
+    c = int(np.sum((x != 0) & (y == 0)))
+    n = b + c
+    tail = sum(math.comb(n, i) for i in range(min(b, c) + 1)) / 2.0**n if n else 1.0
+    return {"fixed": b, "broken": c, "p_value": min(1.0, 2.0 * tail)}
+
+
 def mean_interval(values: Sequence[float], z: float = Z95) -> tuple[float, float]:
     """Normal-approximation interval of a mean over P problems (e.g. avg@k): mean +- z s/sqrt(P)."""
     v = np.asarray(values, dtype=np.float64)

@@ -184,9 +184,11 @@ def heldout_accuracy(
     batch_size: int,
     lora: Any = None,
 ) -> dict[str, float]:
-    """Greedy accuracy on `data`: {acc, correct, n, ci_low, ci_high, tokens} (95% Wilson CI).
+    """Greedy accuracy on `data`: {acc, correct, n, ci_low, ci_high, reward, eval_tokens, solved}.
 
-    A problem counts as correct when its reward is >= 1 (the 1.0 / 0.0 verifiable rewards).
+    A problem counts as correct when its reward is >= 1 (the 1.0 / 0.0 verifiable rewards); the CI
+    is 95% Wilson. `solved` is a string of n "0"/"1" (problem order), kept so that two policies
+    evaluated on the same set compare paired (`essa_jax.evaluation.mcnemar_exact`).
     """
     completions, tokens = generate_all(
         sampler, tokenizer, params, data, jax.random.PRNGKey(0), batch_size=batch_size, lora=lora
@@ -203,6 +205,7 @@ def heldout_accuracy(
         "ci_high": hi,
         "reward": float(rewards.mean()),
         "eval_tokens": tokens,
+        "solved": "".join("1" if r >= 1.0 else "0" for r in rewards),
     }
 
 

@@ -7,6 +7,8 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
+from essa_jax.evaluation import mcnemar_exact
+
 SUMMARY_FILE = "summary.json"
 
 
@@ -30,6 +32,12 @@ def make_summary(config, meta: dict, final: dict, pass_k: dict) -> dict[str, Any
     }
     if meta.get("base_eval"):
         out["base_heldout_acc"] = meta["base_eval"]["acc"]
+    before, after = sft.get("solved"), final.get("solved")
+    if before and after and len(before) == len(after):
+        # Same problems before and after: a paired test says more than two overlapping CIs.
+        paired = mcnemar_exact([int(ch) for ch in before], [int(ch) for ch in after])
+        out["paired_fixed"], out["paired_broken"] = paired["fixed"], paired["broken"]
+        out["mcnemar_p"] = paired["p_value"]
     out.update(pass_k)
     return out
 
@@ -55,6 +63,15 @@ def format_summary(s: dict[str, Any]) -> str:
         ("training wall-clock seconds", f"{s['train_wall_seconds']:.1f}"),
         ("generated tokens", str(s["generated_tokens"])),
     ]
+    if "mcnemar_p" in s:
+        rows.insert(
+            5,
+            (
+                "paired vs SFT",
+                f"{s['paired_fixed']} fixed, {s['paired_broken']} broken, "
+                f"exact McNemar p = {s['mcnemar_p']:.2g}",
+            ),
+        )
     if "base_heldout_acc" in s:
         rows.insert(3, ("held-out acc, base model", f"{s['base_heldout_acc']:.3f}"))
     rows += [

@@ -13,6 +13,7 @@ from essa_jax.evaluation import (
     evaluate,
     evaluate_task,
     ks_up_to,
+    mcnemar_exact,
     mean_interval,
     pass_at_k,
     wilson_interval,
@@ -57,6 +58,21 @@ def test_avg_at_k_and_ks():
     assert ks_up_to(8) == [1, 2, 4, 8]
     assert ks_up_to(6) == [1, 2, 4, 6]
     assert ks_up_to(1) == [1]
+
+
+def test_mcnemar_exact_against_the_binomial_tail():
+    # 2 fixed, 6 broken (the founding session's default run): p = 2 * P[Bin(8, 1/2) <= 2] = 0.289.
+    before = [0, 0] + [1] * 6 + [1] * 5 + [0] * 3
+    after = [1, 1] + [0] * 6 + [1] * 5 + [0] * 3
+    r = mcnemar_exact(before, after)
+    assert (r["fixed"], r["broken"]) == (2, 6)
+    assert r["p_value"] == pytest.approx(2 * (1 + 8 + 28) / 256)
+    # Symmetric in direction, capped at 1, and only discordant pairs count.
+    assert mcnemar_exact(after, before)["p_value"] == r["p_value"]
+    assert mcnemar_exact([1, 0, 1], [1, 0, 1]) == {"fixed": 0, "broken": 0, "p_value": 1.0}
+    assert mcnemar_exact([0] * 20, [1] * 20)["p_value"] == pytest.approx(2 / 2**20)
+    with pytest.raises(ValueError, match="equal-length"):
+        mcnemar_exact([0, 1], [1])
 
 
 @pytest.mark.parametrize(("x", "n"), [(0, 10), (3, 10), (8, 10), (10, 10), (24, 100), (1, 3)])

@@ -197,9 +197,9 @@ def test_summary_and_plots(tmp_path):
             "ci_high": 0.5,
         },
     ]
-    ev = {"acc": 0.4, "n": 10, "ci_low": 0.3, "ci_high": 0.5}
+    ev = {"acc": 0.4, "n": 10, "ci_low": 0.3, "ci_high": 0.5, "solved": "1111000000"}
     meta = {
-        "sft_eval": {**ev, "acc": 0.2},
+        "sft_eval": {**ev, "acc": 0.2, "solved": "1000000100"},
         "history": hist,
         "sft_seconds": 1.0,
         "wall_s": 1.0,
@@ -213,6 +213,10 @@ def test_summary_and_plots(tmp_path):
         summary_lib.write_summary(str(d), s, verbose=False)
         assert os.path.getsize(summary_lib.plot_run(str(d), hist)) > 0
     assert s["sft_heldout_acc"] == 0.2 and s["final_heldout_acc"] == 0.4 and s["heldout_n"] == 10
+    # Paired on the same 10 problems: 3 fixed (1, 2, 3), 1 broken (7); p = 2 * 5/16.
+    assert (s["paired_fixed"], s["paired_broken"]) == (3, 1)
+    assert s["mcnemar_p"] == pytest.approx(0.625)
+    assert "3 fixed, 1 broken" in summary_lib.format_summary(s)
     assert "pass@1" in summary_lib.format_summary(s)
     assert os.path.getsize(overlay(str(tmp_path))) > 0
     assert [r["run"] for r in table(str(tmp_path))] == ["essa", "grpo"]
