@@ -69,6 +69,17 @@ def test_group_size_vs_batch_and_focal():
     assert "fgrpo" in str(e)
 
 
+def test_smollm2_methods_share_the_sft_start_and_the_task():
+    # compare_smollm2.sh compares methods from one SFT adapter on one held-out set.
+    essa = load_config_file(os.path.join(CONFIGS, "essa_smollm2_arith.py"))
+    for name in ("grpo", "fgrpo", "svdgrpo"):
+        other = load_config_file(os.path.join(CONFIGS, f"{name}_smollm2_arith.py"))
+        assert other.method == name
+        for block in ("model", "task", "lora", "sft"):
+            assert other[block].to_dict() == essa[block].to_dict(), (name, block)
+        assert other.seed == essa.seed
+
+
 def test_mirrored_needs_cma_es_and_an_even_population():
     e = _error(tiny(**{"essa.mirrored": True, "essa.strategy": "sep_cma_es"}))
     assert e.field == "essa.mirrored" and "cma_es" in str(e)

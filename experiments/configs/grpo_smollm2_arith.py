@@ -3,26 +3,20 @@
 LoRA factors trained by GRPO (arXiv 2402.03300): group N = 8, clip 0.2, token-mean loss, no KL.
 The learning rate is far above the F-GRPO paper's 1e-6 (that is for full 7B fine-tuning); rank-4
 LoRA on a 135M model needs ~1e-4 to move within a CPU budget.
+
+Model, task, prompt format, LoRA and SFT come from essa_smollm2_arith.py itself, so every method
+starts from the identical SFT adapter (same seed, same steps) and is evaluated on the same problems.
 """
 
-from essa_jax.config import base_config
+import os
+
+from essa_jax.config import load_config_file
 
 
 def get_config():
-    c = base_config()
+    c = load_config_file(os.path.join(os.path.dirname(__file__), "essa_smollm2_arith.py"))
     c.method = "grpo"
-    c.model.path = "smollm2-135m-instruct"
-    c.task.name = "add_2d"
-    c.task.prompt_format = "prefill"
-    c.task.system_prompt = ""  # an empty system turn: 32-token prompts instead of 48
-    c.task.num_train = 2000
-    c.task.num_heldout = 200
-    c.lora.rank = 4
-    c.lora.alpha = 8.0
-    c.lora.targets = ("q", "k", "v", "o")
-    c.sft.steps = 4  # the same SFT warm start as essa_smollm2_arith.py
-    c.sft.batch_size = 16
-    c.sft.learning_rate = 1e-3
+    c.max_wall_seconds = 0.0  # step budget below; compare_smollm2.sh sets equal wall-clock
     c.grpo.steps = 60
     c.grpo.batch_size = 32  # 4 prompts x N = 8 rollouts per step
     c.grpo.group_size = 8
@@ -37,6 +31,8 @@ def get_config():
     c.grpo.focal_gamma = 0.0
     c.grpo.beta = 0.0
     c.grpo.temperature = 1.0
+    # Sampled at T = 1: one token more than the greedy ESSA rollouts, so that a sample that has
+    # not stopped after a 3-digit answer shows up as truncated instead of cut.
     c.generation.max_new_tokens = 5
     c.eval.every = 10
     c.eval.pass_k_samples = 16
