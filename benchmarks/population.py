@@ -17,7 +17,30 @@ Peak memory includes the process baseline (Python, jax or torch, the model): `ba
 the RSS right after loading the model. Timings are min over repeats after one compile/warm-up run.
 Greedy tokens of population / merged / sequential are compared (fraction of equal tokens).
 
+What the numbers mean:
+
+- `ratio_vs_plain_p{P}`: population time / plain time, the cost of per-row singular values over no
+  adapter at all (target <= 1.10). Measured *interleaved* in one process (one more subprocess per
+  P): both programs are compiled and run once, then R rounds (--rounds, default 7) each run both
+  back to back in ABBA order (round r even: population then plain; odd: plain then population), so
+  that slow drift and any "second of the pair" effect cancel. Round r gives
+  ratio_r = t_pop[r] / t_plain[r]; the headline is the median of the ratio_r. A noisy neighbour
+  on the shared cores slows both halves of a pair about equally, so a per-round ratio is far less
+  noisy than a ratio of two times taken minutes apart in two processes.
+- `ratio_interleaved_p{P}`: the details: median, `min_time_ratio` = min(t_pop) / min(t_plain),
+  q25 / q75 / iqr of the ratio_r, and the raw per-round times. An IQR that is not small next to
+  |median - 1| says the run was too noisy to tell the ratio from 1.
+- `ratio_vs_plain_separate_p{P}`: the old number, min time of the population subprocess / min time
+  of the plain subprocess (runs minutes apart in different processes; noise enters directly).
+- `speedup_vs_{merged,sequential}_p{P}`, `speedup_vs_hf_peft_sequential_p8`: the other variant's
+  min time / population's min time, each from its own subprocess (ratios of 2-4x, where the noise
+  of separate runs matters less).
+- `peak_rss_mb_{variant}_p{P}`: peak RSS of that variant's own subprocess.
+
 Run: `.venv/bin/python -m benchmarks.population` (writes experiments/results/population.json).
+Only the interleaved ratio: `.venv/bin/python -m benchmarks.population --only-ratio`; this updates
+the ratio keys of an existing results file and keeps the rest (the variants' machine description is
+kept as `variants_machine`). `--results PATH` writes elsewhere (smoke tests).
 """
 
 from __future__ import annotations
@@ -29,11 +52,20 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from benchmarks.common import peak_rss_mb, print_table, time_fn, write_results
+from benchmarks.common import (
+    RESULTS_DIR,
+    machine_info,
+    peak_rss_mb,
+    print_table,
+    time_fn,
+    write_results,
+)
 
 PROMPT_LEN = 32
 NEW_TOKENS = 16
@@ -72,12 +104,15 @@ def _setup(members: int):
     return config, params, lc, basis, layout, genomes, tokens, mask
 
 
-def _worker(variant: str, members: int, repeats: int, out_dir: Path) -> dict:
+def _runner(variant: str, setup: tuple) -> Callable[[], Any]:
+    """A no-argument function that generates all P*B rows with `variant` (jax variants only).
+
+    Returns whatever the variant returns: tokens `[P, B, N]` or `[P*B, N]` (N = NEW_TOKENS).
+    """
     import jax
     import jax.numpy as jnp
 
-    config, params, lc, basis, layout, genomes, tokens, mask = _setup(members)
-    baseline = peak_rss_mb()
+    config, params, lc, basis, layout, genomes, tokens, mask = setup
     p, b, t = tokens.shape
     key = jax.random.key(0)
     gen_kw = dict(max_new_tokens=NEW_TOKENS, greedy=True, eos_token_ids=())
@@ -137,14 +172,69 @@ def _worker(variant: str, members: int, repeats: int, out_dir: Path) -> dict:
                 del member_params, kernels  # "unmerge": the base params were never modified
             return jnp.stack([o.tokens for o in outs])
 
-    elif variant == "hf_peft":
-        return _hf_worker(members, repeats, out_dir, config, lc, basis, layout, genomes, tokens)
     else:
         raise ValueError(f"unknown variant {variant!r}")
+    return run
 
+
+def _worker(variant: str, members: int, repeats: int, out_dir: Path) -> dict:
+    """One variant in this (fresh) process: compile + `repeats` timed runs, peak RSS, tokens."""
+    setup = _setup(members)
+    baseline = peak_rss_mb()
+    if variant == "hf_peft":
+        config, _, lc, basis, layout, genomes, tokens, _ = setup
+        return _hf_worker(members, repeats, out_dir, config, lc, basis, layout, genomes, tokens)
+    p, b, _ = setup[6].shape
+    run = _runner(variant, setup)
     stats = time_fn(run, repeats=repeats, warmup=1)
     np.save(out_dir / f"{variant}_{members}.npy", np.asarray(run()).reshape(p, b, NEW_TOKENS))
     return {**stats, "baseline_rss_mb": baseline, "peak_rss_mb": peak_rss_mb()}
+
+
+def _ratio_worker(members: int, rounds: int) -> dict:
+    """Population vs plain interleaved in this one process (see "what the numbers mean").
+
+    Both programs are compiled (first call) and run once more before timing, so every timed call
+    is a steady-state one. Round r times both back to back, population first when r is even (ABBA
+    order), and gives ratio_r = t_pop[r] / t_plain[r].
+    """
+    from benchmarks.common import block
+
+    setup = _setup(members)
+    runs = {v: _runner(v, setup) for v in ("population", "plain")}
+    first_call_s = {}
+    for v, run in runs.items():
+        t0 = time.perf_counter()
+        block(run())
+        first_call_s[v] = time.perf_counter() - t0
+        block(run())  # one steady-state call each: caches and allocator warm for both
+
+    times: dict[str, list[float]] = {"population": [], "plain": []}
+    for r in range(rounds):
+        order = ("population", "plain") if r % 2 == 0 else ("plain", "population")
+        for v in order:
+            t0 = time.perf_counter()
+            block(runs[v]())
+            times[v].append(time.perf_counter() - t0)
+    return {"first_call_s": first_call_s, **_ratio_stats(times["population"], times["plain"])}
+
+
+def _ratio_stats(t_pop: list[float], t_plain: list[float]) -> dict:
+    """Median, quartiles and IQR of per-round ratios t_pop[r] / t_plain[r], min-time ratio, raw."""
+    ratios = np.asarray(t_pop) / np.asarray(t_plain)
+    q25, median, q75 = (float(q) for q in np.percentile(ratios, [25, 50, 75]))
+    return {
+        "rounds": len(ratios),
+        "order": "ABBA: population first in even rounds, plain first in odd rounds",
+        "median": median,
+        "min_time_ratio": min(t_pop) / min(t_plain),
+        "q25": q25,
+        "q75": q75,
+        "iqr": q75 - q25,
+        "ratios": ratios.tolist(),
+        "population_s": list(t_pop),
+        "plain_s": list(t_plain),
+    }
 
 
 def _hf_worker(members, repeats, out_dir, config, lc, basis, layout, genomes, tokens) -> dict:
@@ -209,7 +299,8 @@ def _hf_worker(members, repeats, out_dir, config, lc, basis, layout, genomes, to
     return {**stats, "baseline_rss_mb": baseline, "peak_rss_mb": peak_rss_mb()}
 
 
-def _spawn(variant: str, members: int, repeats: int, out_dir: Path) -> dict:
+def _spawn(variant: str, members: int, repeats: int, out_dir: Path, rounds: int = 0) -> dict:
+    """Run `--worker variant` in a fresh subprocess; its RESULT line, or {"error": last line}."""
     cmd = [
         sys.executable,
         "-m",
@@ -220,6 +311,8 @@ def _spawn(variant: str, members: int, repeats: int, out_dir: Path) -> dict:
         str(members),
         "--repeats",
         str(repeats),
+        "--rounds",
+        str(rounds),
         "--out",
         str(out_dir),
     ]
@@ -233,10 +326,17 @@ def _spawn(variant: str, members: int, repeats: int, out_dir: Path) -> dict:
         return {"error": tail.strip().splitlines()[-1] if tail.strip() else f"rc={proc.returncode}"}
     res = json.loads(lines[-1][len("RESULT ") :])
     res["process_wall_s"] = wall
-    print(
-        f"[{variant} P={members}] {res['min_s']:.3f} s (peak {res['peak_rss_mb']:.0f} MiB)",
-        flush=True,
-    )
+    if variant == "ratio":
+        print(
+            f"[ratio P={members}] median {res['median']:.4f} (IQR {res['iqr']:.4f}, "
+            f"min-time {res['min_time_ratio']:.4f}, {res['rounds']} rounds, {wall:.0f} s)",
+            flush=True,
+        )
+    else:
+        print(
+            f"[{variant} P={members}] {res['min_s']:.3f} s (peak {res['peak_rss_mb']:.0f} MiB)",
+            flush=True,
+        )
     return res
 
 
@@ -247,20 +347,122 @@ def _match(out_dir: Path, a: str, b: str, members: int) -> float | None:
     return float(np.mean(np.load(fa) == np.load(fb)))
 
 
+def _measure_ratios(sizes: list[int], rounds: int, out_dir: Path) -> tuple[dict, list[dict]]:
+    """Interleaved population/plain ratio per P (one subprocess each): summary keys and rows."""
+    summary, rows = {}, []
+    for p in sizes:
+        res = _spawn("ratio", p, 0, out_dir, rounds=rounds)
+        summary[f"ratio_interleaved_p{p}"] = res
+        if "error" in res:
+            summary[f"ratio_vs_plain_p{p}"] = None
+            rows.append({"P": p, "median": float("nan"), "note": res["error"][:60]})
+            continue
+        summary[f"ratio_vs_plain_p{p}"] = res["median"]
+        rows.append(
+            {
+                "P": p,
+                "rounds": res["rounds"],
+                "median": res["median"],
+                "q25": res["q25"],
+                "q75": res["q75"],
+                "iqr": res["iqr"],
+                "min_time_ratio": res["min_time_ratio"],
+                "pop_min_s": min(res["population_s"]),
+                "plain_min_s": min(res["plain_s"]),
+            }
+        )
+    return summary, rows
+
+
+def _write(results: dict, path: Path | None) -> None:
+    """write_results("population", ...) or, with --results, the same payload at `path`."""
+    if path is None:
+        write_results("population", results)
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    payload = {"machine": machine_info(), **results}
+    path.write_text(json.dumps(payload, indent=2, sort_keys=False, default=float) + "\n")
+    print(f"wrote {path}")
+
+
+def _setup_info(rounds: int) -> dict:
+    return {
+        "model": MODEL,
+        "dtype": "float32",
+        "rank": RANK,
+        "targets": list(TARGETS),
+        "prompts_per_member": PROMPTS_PER_MEMBER,
+        "prompt_len": PROMPT_LEN,
+        "new_tokens": NEW_TOKENS,
+        "greedy": True,
+        "eos": "disabled",
+        "memory": "peak RSS (ru_maxrss) of a fresh subprocess per variant, includes "
+        "the process baseline (model loaded) given as baseline_rss_mb",
+        "timing": "min over repeats after one compile/warm-up run",
+        "ratio_vs_plain": f"median over {rounds} interleaved rounds (ABBA order, one process "
+        "holding both compiled programs) of t_population / t_plain; details in "
+        "ratio_interleaved_p{P}",
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--worker", default=None)
-    parser.add_argument("--members", type=int, default=8)
+    parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--members", type=int, default=8, help=argparse.SUPPRESS)
+    parser.add_argument("--out", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--repeats", type=int, default=2, help="timed runs (P=8; P=32 uses half)")
-    parser.add_argument("--out", default=None)
+    parser.add_argument("--rounds", type=int, default=7, help="interleaved population/plain rounds")
     parser.add_argument("--sizes", default="8,32", help="population sizes, comma separated")
+    parser.add_argument(
+        "--only-ratio",
+        action="store_true",
+        help="only the interleaved population/plain ratio; updates the ratio keys of the results "
+        "file and keeps the rest",
+    )
+    parser.add_argument(
+        "--results",
+        type=Path,
+        default=None,
+        help=f"results JSON path (default {RESULTS_DIR / 'population.json'})",
+    )
     args = parser.parse_args()
+    if args.worker == "ratio":
+        print("RESULT " + json.dumps(_ratio_worker(args.members, args.rounds)), flush=True)
+        return
     if args.worker:
         res = _worker(args.worker, args.members, args.repeats, Path(args.out))
         print("RESULT " + json.dumps(res), flush=True)
         return
+    if args.rounds < 1:
+        parser.error("--rounds must be >= 1")
 
     sizes = [int(s) for s in args.sizes.split(",")]
+    title = (
+        "population generation (SmolLM2-135M f32, greedy, "
+        f"{PROMPTS_PER_MEMBER} prompts x {PROMPT_LEN} tokens, {NEW_TOKENS} new tokens)"
+    )
+    ratio_title = f"population / plain, interleaved in one process ({args.rounds} rounds)"
+
+    if args.only_ratio:
+        with tempfile.TemporaryDirectory() as tmp:
+            ratio_summary, ratio_rows = _measure_ratios(sizes, args.rounds, Path(tmp))
+        print_table(ratio_rows, ratio_title)
+        path = args.results or RESULTS_DIR / "population.json"
+        previous = json.loads(path.read_text()) if path.exists() else {}
+        # The variants (RSS, speedups) were measured by an earlier full run: keep its machine
+        # description next to them; the top-level one describes this (ratio) run.
+        if "machine" in previous:
+            previous["variants_machine"] = previous.pop("machine")
+        for p in sizes:
+            # A file from before the interleaved measurement holds the separate-process ratio
+            # under the headline name: keep it under its own name rather than overwrite it.
+            old = previous.get(f"ratio_vs_plain_p{p}")
+            if old is not None and f"ratio_interleaved_p{p}" not in previous:
+                previous.setdefault(f"ratio_vs_plain_separate_p{p}", old)
+        previous.setdefault("setup", {}).update(_setup_info(args.rounds))
+        _write({**previous, **ratio_summary}, args.results)
+        return
+
     plan = {
         8: ["population", "plain", "merged", "sequential", "hf_peft"],
         32: ["population", "plain", "merged", "sequential"],
@@ -268,6 +470,7 @@ def main() -> None:
     rows, results = [], {}
     with tempfile.TemporaryDirectory() as tmp:
         out_dir = Path(tmp)
+        ratio_summary, ratio_rows = _measure_ratios(sizes, args.rounds, out_dir)
         for p in sizes:
             repeats = args.repeats if p <= 8 else max(1, args.repeats // 2)
             for variant in plan.get(p, plan[32]):
@@ -309,40 +512,28 @@ def main() -> None:
 
     summary = {}
     for p in sizes:
-        summary[f"ratio_vs_plain_p{p}"] = ratio(f"population_p{p}", f"plain_p{p}")
+        summary[f"ratio_vs_plain_p{p}"] = ratio_summary[f"ratio_vs_plain_p{p}"]
+        summary[f"ratio_vs_plain_separate_p{p}"] = ratio(f"population_p{p}", f"plain_p{p}")
         summary[f"speedup_vs_merged_p{p}"] = ratio(f"merged_p{p}", f"population_p{p}")
         summary[f"speedup_vs_sequential_p{p}"] = ratio(f"sequential_p{p}", f"population_p{p}")
         for v in ("population", "plain", "merged", "sequential", "hf_peft"):
             if "peak_rss_mb" in results.get(f"{v}_p{p}", {}):
                 summary[f"peak_rss_mb_{v}_p{p}"] = results[f"{v}_p{p}"]["peak_rss_mb"]
-    summary["speedup_vs_hf_peft_sequential_p8"] = ratio("hf_peft_p8", "population_p8")
-    print_table(
-        rows,
-        "population generation (SmolLM2-135M f32, greedy, "
-        f"{PROMPTS_PER_MEMBER} prompts x {PROMPT_LEN} tokens, {NEW_TOKENS} new tokens)",
-    )
+    if 8 in sizes:
+        summary["speedup_vs_hf_peft_sequential_p8"] = ratio("hf_peft_p8", "population_p8")
+    print_table(rows, title)
+    print_table(ratio_rows, ratio_title)
     print_table([{"metric": k, "value": v} for k, v in summary.items()], "summary")
-    write_results(
-        "population",
+    details = {k: v for k, v in ratio_summary.items() if k.startswith("ratio_interleaved_")}
+    _write(
         {
-            "setup": {
-                "model": MODEL,
-                "dtype": "float32",
-                "rank": RANK,
-                "targets": list(TARGETS),
-                "prompts_per_member": PROMPTS_PER_MEMBER,
-                "prompt_len": PROMPT_LEN,
-                "new_tokens": NEW_TOKENS,
-                "greedy": True,
-                "eos": "disabled",
-                "memory": "peak RSS (ru_maxrss) of a fresh subprocess per variant, includes "
-                "the process baseline (model loaded) given as baseline_rss_mb",
-                "timing": "min over repeats after one compile/warm-up run",
-            },
+            "setup": _setup_info(args.rounds),
             **summary,
+            **details,
             "rows": rows,
             "variants": results,
         },
+        args.results,
     )
 
 
