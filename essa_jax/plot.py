@@ -112,7 +112,8 @@ def compare(parent: str, json_out: str, png_out: str | None = None) -> dict[str,
     """Method comparison of the runs in `parent` (one per method, named by method) -> JSON + PNG.
 
     Fields: heldout_n, sft_heldout_acc (and its CI), <method>_heldout_acc / _ci, <method>_wall_s,
-    <method>_tokens, <method>_pass_at_<k> for every k the runs measured.
+    <method>_tokens, <method>_pass_at_<k> for every k the runs measured, and the paired test against
+    the SFT start (<method>_paired_fixed / _paired_broken / _mcnemar_p) when the runs have it.
     """
     import matplotlib
 
@@ -136,7 +137,7 @@ def compare(parent: str, json_out: str, png_out: str | None = None) -> dict[str,
         out[f"{m}_tokens"] = s["generated_tokens"]
         out[f"{m}_steps"] = s["steps"]
         for k, v in s.items():
-            if k.startswith("pass_at_"):
+            if k.startswith("pass_at_") or k in ("paired_fixed", "paired_broken", "mcnemar_p"):
                 out[f"{m}_{k}"] = v
     os.makedirs(os.path.dirname(os.path.abspath(json_out)), exist_ok=True)
     with open(json_out, "w") as f:

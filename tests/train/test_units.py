@@ -173,7 +173,7 @@ def test_checkpointer_roundtrip_exact(tmp_path):
 
 def test_summary_and_plots(tmp_path):
     from essa_jax.config import base_config
-    from essa_jax.plot import overlay, table
+    from essa_jax.plot import compare, overlay, table
 
     cfg = base_config()
     hist = [
@@ -221,3 +221,10 @@ def test_summary_and_plots(tmp_path):
     assert os.path.getsize(overlay(str(tmp_path))) > 0
     assert [r["run"] for r in table(str(tmp_path))] == ["essa", "grpo"]
     assert math.isclose(table(str(tmp_path))[0]["final_acc"], 0.4)
+    # write_summary stored the method as configured ("essa" for both here): compare keys by it.
+    out = compare(str(tmp_path), str(tmp_path / "cmp.json"))
+    assert out["heldout_n"] == 10 and out["sft_heldout_acc"] == 0.2
+    assert out["essa_heldout_acc"] == 0.4 and out["essa_pass_at_1"] == 0.5
+    assert out["essa_mcnemar_p"] == pytest.approx(0.625) and out["essa_paired_fixed"] == 3
+    assert json.loads((tmp_path / "cmp.json").read_text()) == out
+    assert os.path.getsize(tmp_path / "cmp.png") > 0
