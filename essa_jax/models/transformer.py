@@ -3,7 +3,8 @@
 Pre-norm blocks (RMSNorm, Zhang & Sennrich 2019), rotary position embeddings (RoPE, Su et al. 2021,
 with HF's rotate-half layout), grouped-query attention (Ainslie et al. 2023) and a SwiGLU MLP
 (Shazeer 2020). Layers are stacked on a leading axis and run with `lax.scan`, so compile time does
-not grow with depth. Attention is computed in float32 whatever the parameter dtype.
+not grow with depth (`per_layer_params` gives an unrolled alternative for CPU decoding).
+Attention is computed in float32 whatever the parameter dtype.
 
 Params layout (kernels are `[in, out]`):
     {"embed": [V, d], "layers": {"attn_norm": [L, d], "q": {"kernel": [L, d, Hq*hd], "bias"?},
@@ -18,8 +19,9 @@ is scanned with the layer params; projection `target` of layer l computes
 
 from __future__ import annotations
 
+import functools
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import flax.struct
@@ -157,31 +159,37 @@ def _proj(x: jax.Array, p: Mapping[str, jax.Array], adapter: Any) -> jax.Array:
 
 def _attention(
     q: jax.Array,
-    k: jax.Array,
-    v: jax.Array,
     q_slots: jax.Array,
-    key_mask: jax.Array,
+    blocks: Sequence[tuple[jax.Array, jax.Array, jax.Array, jax.Array]],
     sliding_window: int | None,
 ) -> jax.Array:
-    """Causal masked GQA. q [B, T, Hq, hd]; k, v [B, S, Hkv, hd]; q_slots [T]; key_mask [B, S].
+    """Causal masked GQA over one or more key blocks, softmax taken jointly over all of them.
 
-    A query at slot t sees key slots s <= t with key_mask True (and t - s < window). Returns
-    [B, T, Hq*hd] in float32.
+    q [B, T, Hq, hd]; q_slots [T]; blocks: (k, v [B, S_i, Hkv, hd], k_slots [S_i], key_mask
+    [B, S_i]) each. A query at slot t sees key slots s <= t with key_mask True (and t - s < window).
+    Splitting the keys into blocks (cache | new tokens) gives exactly the softmax over their
+    concatenation without materialising it. Returns [B, T, Hq*hd] in float32.
     """
     B, T, Hq, hd = q.shape
-    S, Hkv = k.shape[1], k.shape[2]
-    G = Hq // Hkv
-    qf = q.astype(jnp.float32).reshape(B, T, Hkv, G, hd) * (1.0 / math.sqrt(hd))
-    scores = jnp.einsum("btkgd,bskd->bkgts", qf, k.astype(jnp.float32))
-    k_slots = jnp.arange(S)
-    allowed = k_slots[None, :] <= q_slots[:, None]  # [T, S]
-    if sliding_window is not None:
-        allowed &= q_slots[:, None] - k_slots[None, :] < sliding_window
-    allowed = allowed[None] & key_mask[:, None, :]  # [B, T, S]
-    scores = jnp.where(allowed[:, None, None], scores, _NEG)
+    Hkv = blocks[0][0].shape[2]
+    qf = q.astype(jnp.float32).reshape(B, T, Hkv, Hq // Hkv, hd) * (1.0 / math.sqrt(hd))
+    scores, allowed = [], []
+    for k, _, k_slots, key_mask in blocks:
+        scores.append(jnp.einsum("btkgd,bskd->bkgts", qf, k.astype(jnp.float32)))
+        ok = k_slots[None, :] <= q_slots[:, None]  # [T, S_i]
+        if sliding_window is not None:
+            ok &= q_slots[:, None] - k_slots[None, :] < sliding_window
+        allowed.append(ok[None, None, None] & key_mask[:, None, None, None, :])  # [B, 1, 1, T, S_i]
+    # One select over the concatenated blocks: masking a block on its own lets XLA constant-fold
+    # it when the cache is a constant (a prefill from init_cache), which takes seconds to compile.
+    scores = jnp.where(jnp.concatenate(allowed, -1), jnp.concatenate(scores, -1), _NEG)
     probs = jax.nn.softmax(scores, axis=-1)
-    out = jnp.einsum("bkgts,bskd->btkgd", probs, v.astype(jnp.float32))
-    return out.reshape(B, T, Hq * hd)
+    outs, start = [], 0
+    for k, v, _, _ in blocks:
+        p = jax.lax.slice_in_dim(probs, start, start + k.shape[1], axis=-1)
+        outs.append(jnp.einsum("bkgts,bskd->btkgd", p, v.astype(jnp.float32)))
+        start += k.shape[1]
+    return functools.reduce(jnp.add, outs).reshape(B, T, Hq * hd)
 
 
 def default_positions(attention_mask: jax.Array, offset: jax.Array | None = None) -> jax.Array:
@@ -207,7 +215,8 @@ def hidden_states(
     tokens [B, T] int; attention_mask [B, T] (1 = real token, left padding; default all 1);
     positions [B, T] (default cumsum(mask) - 1, continuing from `cache.next_pos`). With a cache the
     T tokens are written at slots `cache.index ... cache.index + T - 1` and attend to everything
-    cached before them.
+    cached before them. params["layers"] is stacked, or the per-layer tuple of `per_layer_params`
+    (same result, unrolled layer loop).
     """
     c = config
     B, T = tokens.shape
@@ -224,65 +233,110 @@ def hidden_states(
     dtype = params["embed"].dtype
     h = jnp.take(params["embed"], tokens, axis=0)
 
-    if cache is None:
-        q_slots = jnp.arange(T)
-        key_mask = attention_mask
-    else:
-        q_slots = cache.index + jnp.arange(T)
-        key_mask = jax.lax.dynamic_update_slice(cache.mask, attention_mask, (0, cache.index))
+    cached = cache is not None
+    q_slots = cache.index + jnp.arange(T) if cached else jnp.arange(T)
+    if cached:
+        cache_slots = jnp.arange(cache.k.shape[2])
+        new_mask = jax.lax.dynamic_update_slice(cache.mask, attention_mask, (0, cache.index))
 
-    def block(h, p, ad, kv_fn):
+    def block(h, p, ad, kv_blocks):
+        """One decoder layer; kv_blocks(k, v) -> the key blocks to attend to (see _attention)."""
         x = rms_norm(h, p["attn_norm"], c.rms_norm_eps)
         q = _proj(x, p["q"], ad.get("q")).reshape(B, T, c.num_heads, c.head_dim)
         k = _proj(x, p["k"], ad.get("k")).reshape(B, T, c.num_kv_heads, c.head_dim)
         v = _proj(x, p["v"], ad.get("v")).reshape(B, T, c.num_kv_heads, c.head_dim)
         q, k = _rope(q, positions, inv_freq), _rope(k, positions, inv_freq)
-        k_all, v_all, extra = kv_fn(k, v)
-        attn = _attention(q, k_all, v_all, q_slots, key_mask, c.sliding_window).astype(dtype)
+        if cached:
+            # Attend to the new tokens as they are stored (the cache dtype may be narrower).
+            k, v = k.astype(cache.k.dtype), v.astype(cache.v.dtype)
+        attn = _attention(q, q_slots, kv_blocks(k, v), c.sliding_window).astype(dtype)
         h = h + _proj(attn, p["o"], ad.get("o"))
         x = rms_norm(h, p["mlp_norm"], c.rms_norm_eps)
         gated = jax.nn.silu(_proj(x, p["gate"], ad.get("gate"))) * _proj(x, p["up"], ad.get("up"))
         h = h + _proj(gated, p["down"], ad.get("down"))
-        return h, extra
+        return h, (k, v)
 
-    if cache is None:
+    def self_only(k, v):
+        return [(k, v, q_slots, attention_mask)]
+
+    layers = params["layers"]
+    if isinstance(layers, Sequence):
+        # Per-layer params (see `per_layer_params`): a Python loop, so each matmul reads its kernel
+        # where it lies (slicing stacked kernels inside a loop copies every kernel, every step).
+        ck, cv = (cache.k, cache.v) if cached else (None, None)
+        for i, p in enumerate(layers):
+            ad = jax.tree.map(lambda a, i=i: a[i], lora)
+            if not cached:
+                h, _ = block(h, p, ad, self_only)
+                continue
+
+            def write_then_read(k, v, i=i):
+                # Write layer i's new k/v first, then read the layer back: the next write to the
+                # cache depends (through h) on this read, so XLA updates the loop-carried cache
+                # in place. In this unrolled loop, reading first and writing all layers at the end
+                # leaves the reads unordered against the write: XLA then copies the whole cache.
+                nonlocal ck, cv
+                at = (i, 0, cache.index, 0, 0)
+                ck = jax.lax.dynamic_update_slice(ck, k[None], at)
+                cv = jax.lax.dynamic_update_slice(cv, v[None], at)
+                return [(ck[i], cv[i], cache_slots, new_mask)]
+
+            h, _ = block(h, p, ad, write_then_read)
+        new_k, new_v = ck, cv
+    elif not cached:
 
         def step(h, xs):
             p, ad = xs
-            h, _ = block(h, p, ad, lambda k, v: (k, v, None))
-            return h, None
+            return block(h, p, ad, self_only)[0], None
 
-        h, _ = jax.lax.scan(step, h, (params["layers"], lora))
+        h, _ = jax.lax.scan(step, h, (layers, lora))
     else:
-        # The whole cache is carried (not scanned as xs/ys) so each layer's write is an in-place
-        # dynamic_update_slice instead of a copy of the cache per layer.
-        def step(carry, xs):
-            h, ck, cv = carry
-            p, ad, layer = xs
+        # The cache is read-only inside the layer scan (layer l's slice arrives as xs) and the new
+        # tokens' k/v leave as ys [L, B, T, Hkv, hd]; one dynamic_update_slice after the scan
+        # writes them, in place when the cache buffer is loop-carried or donated. (Carrying the
+        # cache through the scan instead costs a slice, a write and a write-back of a whole
+        # layer of cache per layer.) Slots at or after cache.index are stale or empty: the new
+        # tokens, attended as a second block, stand in for them.
+        old_mask = cache.mask & (cache_slots < cache.index)[None, :]
 
-            def kv_fn(k, v):
-                k_l = jax.lax.dynamic_index_in_dim(ck, layer, keepdims=False)
-                v_l = jax.lax.dynamic_index_in_dim(cv, layer, keepdims=False)
-                k_l = jax.lax.dynamic_update_slice(k_l, k.astype(ck.dtype), (0, cache.index, 0, 0))
-                v_l = jax.lax.dynamic_update_slice(v_l, v.astype(cv.dtype), (0, cache.index, 0, 0))
-                return k_l, v_l, (k_l, v_l)
+        def step(h, xs):
+            p, ad, k_l, v_l = xs
 
-            h, (k_l, v_l) = block(h, p, ad, kv_fn)
-            ck = jax.lax.dynamic_update_index_in_dim(ck, k_l, layer, 0)
-            cv = jax.lax.dynamic_update_index_in_dim(cv, v_l, layer, 0)
-            return (h, ck, cv), None
+            def cache_then_self(k, v):
+                return [(k_l, v_l, cache_slots, old_mask), *self_only(k, v)]
 
-        layers = jnp.arange(c.num_layers)
-        (h, ck, cv), _ = jax.lax.scan(step, (h, cache.k, cache.v), (params["layers"], lora, layers))
+            return block(h, p, ad, cache_then_self)
+
+        h, (k_new, v_new) = jax.lax.scan(step, h, (layers, lora, cache.k, cache.v))
+        at = (0, 0, cache.index, 0, 0)
+        new_k = jax.lax.dynamic_update_slice(cache.k, k_new, at)
+        new_v = jax.lax.dynamic_update_slice(cache.v, v_new, at)
+    if cached:
         cache = KVCache(
-            k=ck,
-            v=cv,
-            mask=key_mask,
+            k=new_k,
+            v=new_v,
+            mask=new_mask,
             next_pos=cache.next_pos + attention_mask.sum(axis=1, dtype=jnp.int32),
             index=cache.index + T,
         )
     h = rms_norm(h, params["final_norm"], c.rms_norm_eps)
     return h if cache is None else (h, cache)
+
+
+def per_layer_params(params: Params) -> Params:
+    """`params` with "layers" as a tuple of L per-layer dicts (copies of the stacked slices `[l]`).
+
+    `hidden_states` / `forward` accept either form and compute the same function. This one runs
+    the layers as an unrolled Python loop (compile time grows with depth) whose matmuls read each
+    kernel where it lies, while `lax.scan` over stacked kernels slices (copies) every kernel on
+    every call. `generate` uses it for its decode loop on CPU, where those copies took about a
+    quarter of a decode step (SmolLM2-135M, batch 64). Holds a second copy of the layer weights.
+    """
+    layers = params["layers"]
+    if isinstance(layers, Sequence):
+        return params
+    L = jax.tree.leaves(layers)[0].shape[0]
+    return {**params, "layers": tuple(jax.tree.map(lambda a, i=i: a[i], layers) for i in range(L))}
 
 
 def output_kernel(params: Params, config: ModelConfig) -> jax.Array:
