@@ -81,9 +81,10 @@ class SVDLoRA:
                 )
             return s.reshape(s.shape[:1] + (1,) * (x.ndim - 2) + s.shape[1:])
 
+        # The scale rides on s_B (r numbers per row) rather than on the [.., out] output.
         h = jnp.einsum("...i,ir->...r", x, self.v_a.astype(dt)) * rows(self.s_a)
-        h = jnp.einsum("...r,rq->...q", h, self.m.astype(dt)) * rows(self.s_b)
-        return (self.scale * jnp.einsum("...q,oq->...o", h, self.u_b.astype(dt))).astype(dt)
+        h = jnp.einsum("...r,rq->...q", h, self.m.astype(dt)) * rows(self.scale * self.s_b)
+        return jnp.einsum("...q,oq->...o", h, self.u_b.astype(dt)).astype(dt)
 
 
 @flax.struct.dataclass
@@ -347,6 +348,45 @@ def population_svd_lora(
         )
         for t, f in basis.factors.items()
     }
+
+
+def _block_diag(mats: list[jax.Array]) -> jax.Array:
+    """Block-diagonal of `[..., m_i, n_i]` (same leading axes) -> `[..., sum m, sum n]`."""
+    rows = []
+    col_sizes = [m.shape[-1] for m in mats]
+    for i, m in enumerate(mats):
+        pad = [(0, 0)] * (m.ndim - 1) + [(sum(col_sizes[:i]), sum(col_sizes[i + 1 :]))]
+        rows.append(jnp.pad(m, pad))
+    return jnp.concatenate(rows, axis=-2)
+
+
+def fuse_shared_input(lora: dict[str, SVDLoRA]) -> dict[str, SVDLoRA]:
+    """Merge the SVD adapters of projections that read the same input into one fused adapter.
+
+    For each group of the model's FUSED_LORA_TARGETS ("qkv" = q, k, v; "gate_up" = gate, up) whose
+    members are all present, the fused adapter has V_A = [V_A1 | V_A2 | ..] `[L, in, sum r]`,
+    M and U_B block-diagonal, s_A and s_B concatenated, and each member's scale folded into its
+    s_B. Its delta is the members' deltas concatenated along the output axis (exactly: the blocks
+    do not mix), and the model splits it back (`models.transformer._proj_shared_input`). Same
+    function, fewer and wider matmuls: one `[in, 3r]` instead of three `[in, r]` for q/k/v.
+    Groups with a member missing are left as they are.
+    """
+    from essa_jax.models.transformer import FUSED_LORA_TARGETS
+
+    out = dict(lora)
+    for fused, names in FUSED_LORA_TARGETS.items():
+        if not all(n in out and isinstance(out[n], SVDLoRA) for n in names):
+            continue
+        parts = [out.pop(n) for n in names]
+        out[fused] = SVDLoRA(
+            v_a=jnp.concatenate([f.v_a for f in parts], axis=-1),
+            m=_block_diag([f.m for f in parts]),
+            u_b=_block_diag([f.u_b for f in parts]),
+            s_a=jnp.concatenate([f.s_a for f in parts], axis=-1),
+            s_b=jnp.concatenate([f.scale * f.s_b for f in parts], axis=-1),
+            scale=1.0,
+        )
+    return out
 
 
 def svd_lora_to_lora(basis: SVDBasis, layout: GenomeLayout, genome: jax.Array) -> dict[str, LoRA]:

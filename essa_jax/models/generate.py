@@ -17,7 +17,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from essa_jax.models.config import ModelConfig
-from essa_jax.models.transformer import Params, hidden_states, init_cache, lm_head, per_layer_params
+from essa_jax.models.transformer import (
+    Params,
+    hidden_states,
+    init_cache,
+    lm_head,
+    per_layer_lora,
+    per_layer_params,
+)
 
 
 @flax.struct.dataclass
@@ -171,11 +178,14 @@ def generate(
     # On CPU the decode steps run the layers unrolled over per-layer copies of the weights (made
     # once here): a layer scan would copy every kernel out of the stacked params at every step.
     # Elsewhere keep the scan: no second copy of the weights, compile time flat in depth.
-    decode_params = per_layer_params(params) if jax.default_backend() == "cpu" else params
+    decode_params, decode_lora = params, lora
+    if jax.default_backend() == "cpu":
+        decode_params = per_layer_params(params)
+        decode_lora = per_layer_lora(lora, len(decode_params["layers"]))
 
     def body(carry):
         i, tok, cache, state = carry
-        h, cache = hidden_states(decode_params, config, tok[:, None], lora=lora, cache=cache)
+        h, cache = hidden_states(decode_params, config, tok[:, None], lora=decode_lora, cache=cache)
         tok, lp = sample(jax.random.fold_in(key, i), lm_head(decode_params, config, h[:, 0]))
         tok, state = emit(i, tok, lp, state)
         return i + 1, tok, cache, state

@@ -14,7 +14,8 @@ Params layout (kernels are `[in, out]`):
 
 LoRA hook: `lora = {target: adapter}`; every array leaf of an adapter has a leading layer axis L and
 is scanned with the layer params; projection `target` of layer l computes
-`y = x @ kernel (+ bias) + adapter_l.delta(x)`.
+`y = x @ kernel (+ bias) + adapter_l.delta(x)`. A fused key ("qkv", "gate_up"; see
+FUSED_LORA_TARGETS) holds one adapter for projections of the same input, its delta split over them.
 """
 
 from __future__ import annotations
@@ -32,6 +33,11 @@ import numpy as np
 from essa_jax.models.config import ModelConfig
 
 LORA_TARGETS = ("q", "k", "v", "o", "gate", "up", "down")
+# Fused LoRA keys: one adapter for projections that read the same input, whose delta's output is
+# theirs concatenated in this order (e.g. [.., Hq*hd + 2*Hkv*hd] for "qkv"). Low-rank paths are
+# thin matmuls; one [in, 3r] matmul instead of three [in, r] ones saves two passes over x and,
+# in decode, two dispatches of a matmul too small to keep the cores busy.
+FUSED_LORA_TARGETS = {"qkv": ("q", "k", "v"), "gate_up": ("gate", "up")}
 _NEG = -1e30  # finite "minus infinity": fully masked rows (padding queries) stay NaN-free.
 
 Params = dict[str, Any]
@@ -157,6 +163,21 @@ def _proj(x: jax.Array, p: Mapping[str, jax.Array], adapter: Any) -> jax.Array:
     return y
 
 
+def _proj_shared_input(
+    x: jax.Array, p: Mapping[str, Any], ad: Mapping[str, Any], fused: str
+) -> list[jax.Array]:
+    """The projections of FUSED_LORA_TARGETS[fused] of one input x, with per-target adapters or
+    one fused adapter `ad[fused]` whose delta is split along the last axis."""
+    names = FUSED_LORA_TARGETS[fused]
+    ys = [_proj(x, p[n], ad.get(n)) for n in names]
+    if fused in ad:
+        delta = ad[fused].delta(x)
+        cuts = np.cumsum([y.shape[-1] for y in ys])[:-1].tolist()
+        deltas = jnp.split(delta, cuts, axis=-1)
+        ys = [y + d.astype(y.dtype) for y, d in zip(ys, deltas, strict=True)]
+    return ys
+
+
 def _attention(
     q: jax.Array,
     q_slots: jax.Array,
@@ -223,10 +244,35 @@ def hidden_states(
     if attention_mask is None:
         attention_mask = jnp.ones((B, T), bool)
     attention_mask = attention_mask.astype(bool)
-    lora = dict(lora or {})
-    unknown = set(lora) - set(LORA_TARGETS)
+    layers = params["layers"]
+    if isinstance(lora, Sequence):
+        # Already split per layer (see `per_layer_lora`): only with per-layer params.
+        if not isinstance(layers, Sequence) or len(lora) != len(layers):
+            raise ValueError(
+                f"a per-layer LoRA (a sequence of {len(lora)} dicts) needs per-layer params with "
+                "as many layers (`per_layer_params`); pass the stacked {target: adapter} mapping "
+                "with stacked params"
+            )
+        layer_lora = tuple(dict(ad) for ad in lora)
+        lora = {}
+        targets = set().union(*layer_lora) if layer_lora else set()
+    else:
+        lora = dict(lora or {})
+        targets = set(lora)
+        if isinstance(layers, Sequence):
+            layer_lora = per_layer_lora(lora, len(layers))
+    unknown = targets - set(LORA_TARGETS) - set(FUSED_LORA_TARGETS)
     if unknown:
-        raise ValueError(f"unknown LoRA targets {sorted(unknown)}; valid: {LORA_TARGETS}")
+        raise ValueError(
+            f"unknown LoRA targets {sorted(unknown)}; valid: {LORA_TARGETS} or the fused "
+            f"{sorted(FUSED_LORA_TARGETS)}"
+        )
+    for fused, names in FUSED_LORA_TARGETS.items():
+        if fused in targets and targets & set(names):
+            raise ValueError(
+                f"LoRA target {fused!r} already adapts {names}; do not also pass "
+                f"{sorted(targets & set(names))}"
+            )
     if positions is None:
         positions = default_positions(attention_mask, None if cache is None else cache.next_pos)
     inv_freq = rope_inv_freq(c)
@@ -242,9 +288,10 @@ def hidden_states(
     def block(h, p, ad, kv_blocks):
         """One decoder layer; kv_blocks(k, v) -> the key blocks to attend to (see _attention)."""
         x = rms_norm(h, p["attn_norm"], c.rms_norm_eps)
-        q = _proj(x, p["q"], ad.get("q")).reshape(B, T, c.num_heads, c.head_dim)
-        k = _proj(x, p["k"], ad.get("k")).reshape(B, T, c.num_kv_heads, c.head_dim)
-        v = _proj(x, p["v"], ad.get("v")).reshape(B, T, c.num_kv_heads, c.head_dim)
+        q, k, v = _proj_shared_input(x, p, ad, "qkv")
+        q = q.reshape(B, T, c.num_heads, c.head_dim)
+        k = k.reshape(B, T, c.num_kv_heads, c.head_dim)
+        v = v.reshape(B, T, c.num_kv_heads, c.head_dim)
         q, k = _rope(q, positions, inv_freq), _rope(k, positions, inv_freq)
         if cached:
             # Attend to the new tokens as they are stored (the cache dtype may be narrower).
@@ -252,20 +299,20 @@ def hidden_states(
         attn = _attention(q, q_slots, kv_blocks(k, v), c.sliding_window).astype(dtype)
         h = h + _proj(attn, p["o"], ad.get("o"))
         x = rms_norm(h, p["mlp_norm"], c.rms_norm_eps)
-        gated = jax.nn.silu(_proj(x, p["gate"], ad.get("gate"))) * _proj(x, p["up"], ad.get("up"))
+        gate, up = _proj_shared_input(x, p, ad, "gate_up")
+        gated = jax.nn.silu(gate) * up
         h = h + _proj(gated, p["down"], ad.get("down"))
         return h, (k, v)
 
     def self_only(k, v):
         return [(k, v, q_slots, attention_mask)]
 
-    layers = params["layers"]
     if isinstance(layers, Sequence):
         # Per-layer params (see `per_layer_params`): a Python loop, so each matmul reads its kernel
         # where it lies (slicing stacked kernels inside a loop copies every kernel, every step).
         ck, cv = (cache.k, cache.v) if cached else (None, None)
         for i, p in enumerate(layers):
-            ad = jax.tree.map(lambda a, i=i: a[i], lora)
+            ad = layer_lora[i]
             if not cached:
                 h, _ = block(h, p, ad, self_only)
                 continue
@@ -337,6 +384,16 @@ def per_layer_params(params: Params) -> Params:
         return params
     L = jax.tree.leaves(layers)[0].shape[0]
     return {**params, "layers": tuple(jax.tree.map(lambda a, i=i: a[i], layers) for i in range(L))}
+
+
+def per_layer_lora(lora: Mapping[str, Any] | None, num_layers: int) -> tuple[dict[str, Any], ...]:
+    """Stacked `{target: adapter}` (leaves `[L, ...]`) -> L per-layer `{target: adapter_l}` dicts.
+
+    For the unrolled layer loop of `per_layer_params`: `generate` splits the adapters once, before
+    its decode loop, rather than slicing every adapter array of every layer at every step.
+    """
+    lora = dict(lora or {})
+    return tuple(jax.tree.map(lambda a, i=i: a[i], lora) for i in range(num_layers))
 
 
 def output_kernel(params: Params, config: ModelConfig) -> jax.Array:

@@ -36,6 +36,7 @@ from essa_jax.lora.svd import (
     GenomeLayout,
     SVDBasis,
     SVDLoRA,
+    fuse_shared_input,
     genome_to_singular_values,
     population_svd_lora,
 )
@@ -108,7 +109,7 @@ def _population_forward(params, basis, genomes, tokens, mask, *, config, layout,
     def body(params, basis, genomes, tokens, mask, member_ids, prompt_ids, key):
         del member_ids, prompt_ids, key
         p, b, t = tokens.shape
-        lora = population_svd_lora(basis, layout, genomes, b)
+        lora = fuse_shared_input(population_svd_lora(basis, layout, genomes, b))
         logits = forward(
             params,
             config,
@@ -162,7 +163,7 @@ def _generate_rows(
     p, b, t = tokens.shape
     flat_tokens, flat_mask = tokens.reshape(p * b, t), mask.reshape(p * b, t)
     if settings["greedy"]:
-        lora = population_svd_lora(basis, layout, genomes, b)
+        lora = fuse_shared_input(population_svd_lora(basis, layout, genomes, b))
         out = generate(params, config, flat_tokens, flat_mask, key, lora=lora, **settings)
     else:
         row_keys = jax.vmap(

@@ -12,6 +12,7 @@ from essa_jax.lora import (
     GenomeLayout,
     LoraConfig,
     SVDLoRA,
+    fuse_shared_input,
     genome_to_singular_values,
     genome_to_svd_lora,
     merge_lora,
@@ -172,3 +173,36 @@ def test_layout_order_survives_jit():
     for t in ("q", "v"):
         np.testing.assert_allclose(jitted[t].a, eager[t].a, atol=1e-6)
         np.testing.assert_allclose(jitted[t].b, eager[t].b, atol=1e-6)
+
+
+def test_fused_shared_input_adapters_equal_separate():
+    """q/k/v -> "qkv" and gate/up -> "gate_up": block-diagonal fused adapters compute the same
+    deltas and logits as the separate ones, per row of a population, and the model rejects a
+    fused key given together with one of its members."""
+    config, params = tiny_model("qwen2")
+    lc = LoraConfig(rank=3, alpha=5.0, targets=("q", "k", "v", "o", "gate", "up", "down"))
+    basis, layout = svd_factorize(random_lora(11, config, lc), alpha_frac=2 / 3)
+    genomes = 0.3 * randn(12, (2, layout.size))
+    pop = population_svd_lora(basis, layout, genomes, rows_per_member=2)
+    fused = fuse_shared_input(pop)
+    assert sorted(fused) == ["down", "gate_up", "o", "qkv"]
+    assert fused["qkv"].v_a.shape == (config.num_layers, config.hidden_size, 9)
+    assert fused["qkv"].s_a.shape == (config.num_layers, 4, 9)
+    x = randn(13, (4, 3, config.hidden_size))
+    for li in range(config.num_layers):
+        at = lambda ad: jax.tree.map(lambda z: z[li], ad)  # noqa: B023
+        want = jnp.concatenate([at(pop[t]).delta(x) for t in ("q", "k", "v")], axis=-1)
+        np.testing.assert_allclose(at(fused["qkv"]).delta(x), want, atol=1e-5)
+        want = jnp.concatenate([at(pop[t]).delta(x) for t in ("gate", "up")], axis=-1)
+        np.testing.assert_allclose(at(fused["gate_up"]).delta(x), want, atol=1e-5)
+    tokens = jnp.tile(rand_tokens(14, (2, 6), config.vocab_size), (2, 1))
+    got = fwd(params, config, tokens, lora=fused)
+    for i in range(2):
+        merged = merge_lora(params, svd_lora_to_lora(basis, layout, genomes[i]))
+        want = fwd(merged, config, tokens[2 * i : 2 * i + 2])
+        np.testing.assert_allclose(got[2 * i : 2 * i + 2], want, atol=2e-5)
+    # A group with a member missing stays as it is.
+    partial = {t: pop[t] for t in ("q", "k", "o")}
+    assert sorted(fuse_shared_input(partial)) == ["k", "o", "q"]
+    with pytest.raises(ValueError, match="already adapts"):
+        fwd(params, config, tokens, lora={**fused, "q": pop["q"]})

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from essa_jax.models import ModelConfig, forward, init_cache, init_params
-from essa_jax.models.transformer import per_layer_params
+from essa_jax.models.transformer import per_layer_lora, per_layer_params
 
 # prompt chunk, four single-token steps, a 3-token chunk: 12 tokens in all
 CHUNKS = ((0, 5), (5, 6), (6, 7), (7, 8), (8, 9), (9, 12))
@@ -105,7 +105,7 @@ def test_per_layer_params_equal_stacked():
     """Same function: no cache, and (bit-for-bit up to float reordering) a bf16 cache."""
     config = _config(attention_bias=True)
     params, lora = _model(config, seed=1)
-    # A gate bias and no up bias: the fused gate_up bias must pad the missing one with zeros.
+    # A gate bias and no up bias: a bias on one projection of a shared input is applied alone.
     L, intermediate = config.num_layers, config.intermediate_size
     gate_bias = 0.5 * jax.random.normal(jax.random.key(7), (L, intermediate))
     params["layers"]["gate"] = {**params["layers"]["gate"], "bias": gate_bias}
@@ -117,6 +117,15 @@ def test_per_layer_params_equal_stacked():
     stacked = fwd(params, config, tokens, attention_mask=mask, lora=lora)
     unrolled = fwd(per_layer, config, tokens, attention_mask=mask, lora=lora)
     np.testing.assert_allclose(np.asarray(unrolled), np.asarray(stacked), atol=1e-4)
+    # Adapters split per layer once (as `generate` does before its decode loop): same function;
+    # a per-layer LoRA with stacked params is a usage error.
+    split = per_layer_lora(lora, L)
+    np.testing.assert_array_equal(
+        np.asarray(fwd(per_layer, config, tokens, attention_mask=mask, lora=split)),
+        np.asarray(unrolled),
+    )
+    with pytest.raises(ValueError, match="per-layer params"):
+        forward(params, config, tokens, lora=split)
     no_bias = {**params["layers"]["gate"]}
     del no_bias["bias"]
     without = fwd({**params, "layers": {**params["layers"], "gate": no_bias}}, config, tokens)
