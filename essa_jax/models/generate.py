@@ -22,6 +22,7 @@ from essa_jax.models.transformer import (
     hidden_states,
     init_cache,
     lm_head,
+    per_layer_cache,
     per_layer_lora,
     per_layer_params,
 )
@@ -182,6 +183,7 @@ def generate(
     if jax.default_backend() == "cpu":
         decode_params = per_layer_params(params)
         decode_lora = per_layer_lora(lora, len(decode_params["layers"]))
+        cache = per_layer_cache(cache)
 
     def body(carry):
         i, tok, cache, state = carry

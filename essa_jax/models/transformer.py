@@ -47,9 +47,11 @@ Params = dict[str, Any]
 class KVCache:
     """Key/value cache for incremental decoding.
 
-    k, v: [L, B, S, Hkv, hd] (S = capacity in slots); mask: [B, S] bool, True where a slot holds a
-    real token; next_pos: [B] int32, RoPE position of each row's next real token; index: scalar
-    int32, the next slot to write (shared by all rows: batches are left-padded).
+    k, v: [L, B, Hkv, S, hd] (S = capacity in slots; head-major, see `_attention`); mask: [B, S]
+    bool, True where a slot holds a real token; next_pos: [B] int32, RoPE position of each row's
+    next real token; index: scalar int32, the next slot to write (shared by all rows: batches are
+    left-padded). With per-layer params, k and v may also be tuples of L `[B, Hkv, S, hd]` arrays
+    (`per_layer_cache`).
     """
 
     k: jax.Array
@@ -63,7 +65,7 @@ def init_cache(
     config: ModelConfig, batch_size: int, max_len: int, dtype: Any = jnp.float32
 ) -> KVCache:
     """An empty cache of `max_len` slots per row."""
-    shape = (config.num_layers, batch_size, max_len, config.num_kv_heads, config.head_dim)
+    shape = (config.num_layers, batch_size, config.num_kv_heads, max_len, config.head_dim)
     return KVCache(
         k=jnp.zeros(shape, dtype),
         v=jnp.zeros(shape, dtype),
@@ -186,17 +188,23 @@ def _attention(
 ) -> jax.Array:
     """Causal masked GQA over one or more key blocks, softmax taken jointly over all of them.
 
-    q [B, T, Hq, hd]; q_slots [T]; blocks: (k, v [B, S_i, Hkv, hd], k_slots [S_i], key_mask
+    q [B, T, Hq, hd]; q_slots [T]; blocks: (k, v [B, Hkv, S_i, hd], k_slots [S_i], key_mask
     [B, S_i]) each. A query at slot t sees key slots s <= t with key_mask True (and t - s < window).
     Splitting the keys into blocks (cache | new tokens) gives exactly the softmax over their
     concatenation without materialising it. Returns [B, T, Hq*hd] in float32.
+
+    Keys and values are head-major ([B, Hkv, S, hd], as the cache stores them) so that both
+    contractions are batched over (b, kv head) with contiguous [S, hd] operands: with the
+    sequence-major layout XLA transposed the whole cache block on every decode step, which took
+    more than half of a SmolLM2 decode step at batch 256.
     """
     B, T, Hq, hd = q.shape
-    Hkv = blocks[0][0].shape[2]
+    Hkv = blocks[0][0].shape[1]
     qf = q.astype(jnp.float32).reshape(B, T, Hkv, Hq // Hkv, hd) * (1.0 / math.sqrt(hd))
+    qf = jnp.transpose(qf, (0, 2, 3, 1, 4))  # [B, Hkv, g, T, hd]
     scores, allowed = [], []
     for k, _, k_slots, key_mask in blocks:
-        scores.append(jnp.einsum("btkgd,bskd->bkgts", qf, k.astype(jnp.float32)))
+        scores.append(jnp.einsum("bkgtd,bksd->bkgts", qf, k.astype(jnp.float32)))
         ok = k_slots[None, :] <= q_slots[:, None]  # [T, S_i]
         if sliding_window is not None:
             ok &= q_slots[:, None] - k_slots[None, :] < sliding_window
@@ -207,10 +215,11 @@ def _attention(
     probs = jax.nn.softmax(scores, axis=-1)
     outs, start = [], 0
     for k, v, _, _ in blocks:
-        p = jax.lax.slice_in_dim(probs, start, start + k.shape[1], axis=-1)
-        outs.append(jnp.einsum("bkgts,bskd->btkgd", p, v.astype(jnp.float32)))
-        start += k.shape[1]
-    return functools.reduce(jnp.add, outs).reshape(B, T, Hq * hd)
+        p = jax.lax.slice_in_dim(probs, start, start + k.shape[2], axis=-1)
+        outs.append(jnp.einsum("bkgts,bksd->bkgtd", p, v.astype(jnp.float32)))
+        start += k.shape[2]
+    out = functools.reduce(jnp.add, outs)  # [B, Hkv, g, T, hd]
+    return jnp.transpose(out, (0, 3, 1, 2, 4)).reshape(B, T, Hq * hd)
 
 
 def default_positions(attention_mask: jax.Array, offset: jax.Array | None = None) -> jax.Array:
@@ -282,7 +291,8 @@ def hidden_states(
     cached = cache is not None
     q_slots = cache.index + jnp.arange(T) if cached else jnp.arange(T)
     if cached:
-        cache_slots = jnp.arange(cache.k.shape[2])
+        cache_slots = jnp.arange(_cache_len(cache))
+        cache_dtype = jax.tree.leaves(cache.k)[0].dtype
         new_mask = jax.lax.dynamic_update_slice(cache.mask, attention_mask, (0, cache.index))
 
     def block(h, p, ad, kv_blocks):
@@ -293,9 +303,10 @@ def hidden_states(
         k = k.reshape(B, T, c.num_kv_heads, c.head_dim)
         v = v.reshape(B, T, c.num_kv_heads, c.head_dim)
         q, k = _rope(q, positions, inv_freq), _rope(k, positions, inv_freq)
+        k, v = jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2)  # [B, Hkv, T, hd], the cache layout
         if cached:
             # Attend to the new tokens as they are stored (the cache dtype may be narrower).
-            k, v = k.astype(cache.k.dtype), v.astype(cache.v.dtype)
+            k, v = k.astype(cache_dtype), v.astype(cache_dtype)
         attn = _attention(q, q_slots, kv_blocks(k, v), c.sliding_window).astype(dtype)
         h = h + _proj(attn, p["o"], ad.get("o"))
         x = rms_norm(h, p["mlp_norm"], c.rms_norm_eps)
@@ -307,10 +318,16 @@ def hidden_states(
     def self_only(k, v):
         return [(k, v, q_slots, attention_mask)]
 
+    if cached and isinstance(cache.k, Sequence) and not isinstance(layers, Sequence):
+        raise ValueError(
+            "a per-layer cache (`per_layer_cache`) needs per-layer params (`per_layer_params`)"
+        )
     if isinstance(layers, Sequence):
         # Per-layer params (see `per_layer_params`): a Python loop, so each matmul reads its kernel
         # where it lies (slicing stacked kernels inside a loop copies every kernel, every step).
         ck, cv = (cache.k, cache.v) if cached else (None, None)
+        if cached and isinstance(ck, Sequence) and len(ck) != len(layers):
+            raise ValueError(f"a per-layer cache has {len(ck)} layers, the params {len(layers)}")
         for i, p in enumerate(layers):
             ad = layer_lora[i]
             if not cached:
@@ -323,7 +340,15 @@ def hidden_states(
                 # in place. In this unrolled loop, reading first and writing all layers at the end
                 # leaves the reads unordered against the write: XLA then copies the whole cache.
                 nonlocal ck, cv
-                at = (i, 0, cache.index, 0, 0)
+                if isinstance(ck, Sequence):
+                    # Per-layer cache (`per_layer_cache`): layer i's buffer is read where it lies;
+                    # slicing layer i out of a stacked cache copies it, every layer, every step.
+                    at = (0, 0, cache.index, 0)
+                    ck_i = jax.lax.dynamic_update_slice(ck[i], k, at)
+                    cv_i = jax.lax.dynamic_update_slice(cv[i], v, at)
+                    ck, cv = (*ck[:i], ck_i, *ck[i + 1 :]), (*cv[:i], cv_i, *cv[i + 1 :])
+                    return [(ck_i, cv_i, cache_slots, new_mask)]
+                at = (i, 0, 0, cache.index, 0)
                 ck = jax.lax.dynamic_update_slice(ck, k[None], at)
                 cv = jax.lax.dynamic_update_slice(cv, v[None], at)
                 return [(ck[i], cv[i], cache_slots, new_mask)]
@@ -339,7 +364,7 @@ def hidden_states(
         h, _ = jax.lax.scan(step, h, (layers, lora))
     else:
         # The cache is read-only inside the layer scan (layer l's slice arrives as xs) and the new
-        # tokens' k/v leave as ys [L, B, T, Hkv, hd]; one dynamic_update_slice after the scan
+        # tokens' k/v leave as ys [L, B, Hkv, T, hd]; one dynamic_update_slice after the scan
         # writes them, in place when the cache buffer is loop-carried or donated. (Carrying the
         # cache through the scan instead costs a slice, a write and a write-back of a whole
         # layer of cache per layer.) Slots at or after cache.index are stale or empty: the new
@@ -355,7 +380,7 @@ def hidden_states(
             return block(h, p, ad, cache_then_self)
 
         h, (k_new, v_new) = jax.lax.scan(step, h, (layers, lora, cache.k, cache.v))
-        at = (0, 0, cache.index, 0, 0)
+        at = (0, 0, 0, cache.index, 0)
         new_k = jax.lax.dynamic_update_slice(cache.k, k_new, at)
         new_v = jax.lax.dynamic_update_slice(cache.v, v_new, at)
     if cached:
@@ -384,6 +409,25 @@ def per_layer_params(params: Params) -> Params:
         return params
     L = jax.tree.leaves(layers)[0].shape[0]
     return {**params, "layers": tuple(jax.tree.map(lambda a, i=i: a[i], layers) for i in range(L))}
+
+
+def per_layer_cache(cache: KVCache) -> KVCache:
+    """`cache` with k and v as tuples of L per-layer `[B, Hkv, S, hd]` arrays (copies).
+
+    Only for per-layer params (`per_layer_params`): the unrolled decode loop then writes and reads
+    each layer's buffer in place, without slicing layer l out of the stacked `[L, ...]` cache.
+    """
+    if isinstance(cache.k, Sequence):
+        return cache
+    L = cache.k.shape[0]
+    return cache.replace(
+        k=tuple(cache.k[i] for i in range(L)), v=tuple(cache.v[i] for i in range(L))
+    )
+
+
+def _cache_len(cache: KVCache) -> int:
+    """Capacity S in slots of a stacked or per-layer cache."""
+    return cache.k[0].shape[2] if isinstance(cache.k, Sequence) else cache.k.shape[3]
 
 
 def per_layer_lora(lora: Mapping[str, Any] | None, num_layers: int) -> tuple[dict[str, Any], ...]:

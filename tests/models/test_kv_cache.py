@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from essa_jax.models import ModelConfig, forward, init_cache, init_params
-from essa_jax.models.transformer import per_layer_lora, per_layer_params
+from essa_jax.models.transformer import per_layer_cache, per_layer_lora, per_layer_params
 
 # prompt chunk, four single-token steps, a 3-token chunk: 12 tokens in all
 CHUNKS = ((0, 5), (5, 6), (6, 7), (7, 8), (8, 9), (9, 12))
@@ -67,33 +67,40 @@ def _batch(config):
     return jnp.asarray(tokens), jnp.asarray(mask)
 
 
-def _chunked_logits(params, config, tokens, mask, lora, cache_dtype=jnp.float32, capacity=14):
-    """Logits [B, 12, V] from feeding CHUNKS through a cache with `capacity` slots."""
+def _chunked_logits(
+    params, config, tokens, mask, lora, cache_dtype=jnp.float32, capacity=14, split_cache=False
+):
+    """Logits [B, 12, V] from feeding CHUNKS through a cache with `capacity` slots (split per
+    layer with `per_layer_cache` if split_cache)."""
 
     @jax.jit
     def step(params, lora, cache, tok, m):
         return forward(params, config, tok, attention_mask=m, lora=lora, cache=cache)
 
     cache = init_cache(config, tokens.shape[0], capacity, cache_dtype)
+    if split_cache:
+        cache = per_layer_cache(cache)
     out = []
     for a, b in CHUNKS:
         logits, cache = step(params, lora, cache, tokens[:, a:b], mask[:, a:b])
         out.append(logits)
     assert int(cache.index) == 12
     np.testing.assert_array_equal(np.asarray(cache.mask[:, :12]), np.asarray(mask, bool))
+    assert isinstance(cache.k, tuple) == split_cache
     return jnp.concatenate(out, axis=1)
 
 
 @pytest.mark.parametrize("sliding_window", [None, 4])
-@pytest.mark.parametrize("per_layer", [False, True])
+@pytest.mark.parametrize("per_layer", ["stacked", "per_layer_params", "per_layer_params_and_cache"])
 def test_chunked_cache_equals_full_forward(per_layer, sliding_window):
     config = _config(sliding_window=sliding_window)
     params, lora = _model(config)
     tokens, mask = _batch(config)
     fwd = jax.jit(forward, static_argnums=1)
     full = fwd(params, config, tokens, attention_mask=mask, lora=lora)
-    run_params = per_layer_params(params) if per_layer else params
-    chunked = _chunked_logits(run_params, config, tokens, mask, lora)
+    run_params = per_layer_params(params) if per_layer != "stacked" else params
+    split_cache = per_layer == "per_layer_params_and_cache"
+    chunked = _chunked_logits(run_params, config, tokens, mask, lora, split_cache=split_cache)
     real = np.asarray(mask, bool)  # padding queries attend to nothing: their logits are arbitrary
     np.testing.assert_allclose(np.asarray(chunked)[real], np.asarray(full)[real], atol=2e-4)
     if sliding_window is not None:  # the window changes the result (so it is exercised)
@@ -126,6 +133,8 @@ def test_per_layer_params_equal_stacked():
     )
     with pytest.raises(ValueError, match="per-layer params"):
         forward(params, config, tokens, lora=split)
+    with pytest.raises(ValueError, match="per-layer params"):
+        forward(params, config, tokens, cache=per_layer_cache(init_cache(config, 3, 14)))
     no_bias = {**params["layers"]["gate"]}
     del no_bias["bias"]
     without = fwd({**params, "layers": {**params["layers"], "gate": no_bias}}, config, tokens)
