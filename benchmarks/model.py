@@ -61,6 +61,11 @@ def prefill_flops(c: ModelConfig, batch: int, length: int) -> float:
     return per_token * batch * length + attention + head
 
 
+def prefill_mfu(c: ModelConfig, batch: int, prefill_s: float, gflops: float) -> float:
+    """Model FLOP utilisation of a prompt pass that took `prefill_s` against `gflops` GFLOP/s."""
+    return prefill_flops(c, batch, PROMPT_LEN) / prefill_s / (gflops * 1e9)
+
+
 def bench_ours(config, params, tokens, mask, new_tokens):
     B, T = tokens.shape
 
@@ -187,7 +192,7 @@ def main() -> None:
         # transformers at batch 256 takes minutes per call on a small CPU: one timed call each.
         big = B >= 256
         ref = bench_hf(hf, tokens, mask, hf_new_tokens[B], repeats=1 if big else 2, warmup=not big)
-        mfu = prefill_flops(config, B, PROMPT_LEN) / ours["prefill_s"] / (gflops * 1e9)
+        mfu = prefill_mfu(config, B, ours["prefill_s"], gflops)
         results["matmul_gflops"] = gflops
         for k, v in ours.items():
             results[f"ours_{k}_b{B}"] = v
@@ -213,8 +218,7 @@ def main() -> None:
     # Every MFU against the best matmul throughput of the whole run.
     for row in rows:
         B = row["batch"]
-        row["prefill_mfu"] = prefill_flops(config, B, PROMPT_LEN) / results[f"ours_prefill_s_b{B}"]
-        row["prefill_mfu"] /= gflops * 1e9
+        row["prefill_mfu"] = prefill_mfu(config, B, results[f"ours_prefill_s_b{B}"], gflops)
         results[f"prefill_mfu_b{B}"] = row["prefill_mfu"]
     results["peak_rss_mb"] = peak_rss_mb()
     print_table(

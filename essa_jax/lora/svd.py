@@ -38,6 +38,7 @@ import numpy as np
 
 from essa_jax.lora.adapter import LoRA
 from essa_jax.lora.config import VALID_TARGETS
+from essa_jax.models.transformer import FUSED_LORA_TARGETS
 
 FACTORS = ("a", "b")
 
@@ -371,8 +372,6 @@ def fuse_shared_input(lora: dict[str, SVDLoRA]) -> dict[str, SVDLoRA]:
     function, fewer and wider matmuls: one `[in, 3r]` instead of three `[in, r]` for q/k/v.
     Groups with a member missing are left as they are.
     """
-    from essa_jax.models.transformer import FUSED_LORA_TARGETS
-
     out = dict(lora)
     for fused, names in FUSED_LORA_TARGETS.items():
         if not all(n in out and isinstance(out[n], SVDLoRA) for n in names):

@@ -263,8 +263,7 @@ def hidden_states(
                 "with stacked params"
             )
         layer_lora = tuple(dict(ad) for ad in lora)
-        lora = {}
-        targets = set().union(*layer_lora) if layer_lora else set()
+        targets = set().union(*layer_lora)
     else:
         lora = dict(lora or {})
         targets = set(lora)
@@ -325,9 +324,15 @@ def hidden_states(
     if isinstance(layers, Sequence):
         # Per-layer params (see `per_layer_params`): a Python loop, so each matmul reads its kernel
         # where it lies (slicing stacked kernels inside a loop copies every kernel, every step).
-        ck, cv = (cache.k, cache.v) if cached else (None, None)
-        if cached and isinstance(ck, Sequence) and len(ck) != len(layers):
-            raise ValueError(f"a per-layer cache has {len(ck)} layers, the params {len(layers)}")
+        if cached:
+            # Each layer's buffer is written and read where it lies; slicing layer i out of a
+            # stacked cache would copy it, every layer, every step (`generate` passes a per-layer
+            # cache; a stacked one is split here and stacked again at the end).
+            stacked_cache = not isinstance(cache.k, Sequence)
+            split = per_layer_cache(cache)
+            ck, cv = list(split.k), list(split.v)
+            if len(ck) != len(layers):
+                raise ValueError(f"the cache has {len(ck)} layers, the params {len(layers)}")
         for i, p in enumerate(layers):
             ad = layer_lora[i]
             if not cached:
@@ -339,22 +344,16 @@ def hidden_states(
                 # cache depends (through h) on this read, so XLA updates the loop-carried cache
                 # in place. In this unrolled loop, reading first and writing all layers at the end
                 # leaves the reads unordered against the write: XLA then copies the whole cache.
-                nonlocal ck, cv
-                if isinstance(ck, Sequence):
-                    # Per-layer cache (`per_layer_cache`): layer i's buffer is read where it lies;
-                    # slicing layer i out of a stacked cache copies it, every layer, every step.
-                    at = (0, 0, cache.index, 0)
-                    ck_i = jax.lax.dynamic_update_slice(ck[i], k, at)
-                    cv_i = jax.lax.dynamic_update_slice(cv[i], v, at)
-                    ck, cv = (*ck[:i], ck_i, *ck[i + 1 :]), (*cv[:i], cv_i, *cv[i + 1 :])
-                    return [(ck_i, cv_i, cache_slots, new_mask)]
-                at = (i, 0, 0, cache.index, 0)
-                ck = jax.lax.dynamic_update_slice(ck, k[None], at)
-                cv = jax.lax.dynamic_update_slice(cv, v[None], at)
+                at = (0, 0, cache.index, 0)
+                ck[i] = jax.lax.dynamic_update_slice(ck[i], k, at)
+                cv[i] = jax.lax.dynamic_update_slice(cv[i], v, at)
                 return [(ck[i], cv[i], cache_slots, new_mask)]
 
             h, _ = block(h, p, ad, write_then_read)
-        new_k, new_v = ck, cv
+        if cached:
+            new_k, new_v = tuple(ck), tuple(cv)
+            if stacked_cache:
+                new_k, new_v = jnp.stack(new_k), jnp.stack(new_v)
     elif not cached:
 
         def step(h, xs):
@@ -407,8 +406,12 @@ def per_layer_params(params: Params) -> Params:
     layers = params["layers"]
     if isinstance(layers, Sequence):
         return params
-    L = jax.tree.leaves(layers)[0].shape[0]
-    return {**params, "layers": tuple(jax.tree.map(lambda a, i=i: a[i], layers) for i in range(L))}
+    return {**params, "layers": _unstack(layers, jax.tree.leaves(layers)[0].shape[0])}
+
+
+def _unstack(tree: Any, num_layers: int) -> tuple[Any, ...]:
+    """A pytree of `[L, ...]` leaves -> L pytrees of its layer slices `[...]` (copies)."""
+    return tuple(jax.tree.map(lambda a, i=i: a[i], tree) for i in range(num_layers))
 
 
 def per_layer_cache(cache: KVCache) -> KVCache:
@@ -420,9 +423,7 @@ def per_layer_cache(cache: KVCache) -> KVCache:
     if isinstance(cache.k, Sequence):
         return cache
     L = cache.k.shape[0]
-    return cache.replace(
-        k=tuple(cache.k[i] for i in range(L)), v=tuple(cache.v[i] for i in range(L))
-    )
+    return cache.replace(k=_unstack(cache.k, L), v=_unstack(cache.v, L))
 
 
 def _cache_len(cache: KVCache) -> int:
@@ -436,8 +437,7 @@ def per_layer_lora(lora: Mapping[str, Any] | None, num_layers: int) -> tuple[dic
     For the unrolled layer loop of `per_layer_params`: `generate` splits the adapters once, before
     its decode loop, rather than slicing every adapter array of every layer at every step.
     """
-    lora = dict(lora or {})
-    return tuple(jax.tree.map(lambda a, i=i: a[i], lora) for i in range(num_layers))
+    return _unstack(dict(lora or {}), num_layers)
 
 
 def output_kernel(params: Params, config: ModelConfig) -> jax.Array:
