@@ -2,13 +2,15 @@
 
 Ours: `generate_jit` (KV cache, while_loop decode) on left-padded 32-token prompts. Prefill time is
 a jitted prompt pass that fills the cache and returns the last logits; decode time is
-generate(N new tokens) - generate(1 new token), i.e. the N - 1 cached decode steps. Compile time is
-reported separately (first call minus steady state). HF: transformers `generate` (torch CPU, same
-thread count, greedy, min_new_tokens = max_new_tokens so lengths match), timed the same way: decode
-= generate(N) - generate(1); its prefill is one forward with use_cache=True and logits_to_keep=1
-(what its generate runs). MFU = model FLOPs/s of our prefill / measured f32 matmul
-FLOP/s, the best of measurements taken at the start and before every batch (each is in the JSON).
-Environment knobs: BENCH_MODEL_BATCHES (e.g. "1,16"), BENCH_MODEL_NEW_TOKENS.
+generate(N new tokens) - generate(1 new token), i.e. the N - 1 cached decode steps. HF:
+transformers `generate` (torch CPU, same thread count, greedy, min_new_tokens = max_new_tokens so
+lengths match), timed the same way: decode = generate(N) - generate(1); its prefill is one forward
+with use_cache=True and logits_to_keep=1 (what its generate runs). Each time is the min over
+`rounds` rounds run in ABBA order (ours then HF, then HF then ours, ...), so a slow spell of this
+shared machine hits both sides alike; compile time is ours' first call minus its steady state.
+MFU = model FLOPs/s of our prefill / measured f32 matmul FLOP/s, the best of measurements taken at
+the start and before every batch (each is in the JSON). Environment knobs: BENCH_MODEL_BATCHES
+(e.g. "1,16"), BENCH_MODEL_NEW_TOKENS, BENCH_MODEL_ROUNDS (default 2).
 """
 
 from __future__ import annotations
@@ -20,7 +22,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from benchmarks.common import machine_info, peak_rss_mb, print_table, time_fn, write_results
+from benchmarks.common import (
+    block,
+    machine_info,
+    peak_rss_mb,
+    print_table,
+    time_fn,
+    write_results,
+)
 from essa_jax.models import (
     ModelConfig,
     generate_jit,
@@ -66,7 +75,8 @@ def prefill_mfu(c: ModelConfig, batch: int, prefill_s: float, gflops: float) -> 
     return prefill_flops(c, batch, PROMPT_LEN) / prefill_s / (gflops * 1e9)
 
 
-def bench_ours(config, params, tokens, mask, new_tokens):
+def ours_timers(config, params, tokens, mask, new_tokens):
+    """Compiled and warmed callables of our model: prefill, generate(1), generate(new_tokens)."""
     B, T = tokens.shape
 
     @jax.jit
@@ -87,21 +97,21 @@ def bench_ours(config, params, tokens, mask, new_tokens):
             eos_token_ids=(),
         )
 
-    t_pre = time_fn(lambda: prefill(params, tokens, mask), repeats=3)
-    t_one = time_fn(gen(1), repeats=2)
-    t_all = time_fn(gen(new_tokens), repeats=2)
-    decode_s = max(t_all["min_s"] - t_one["min_s"], 1e-9)
-    return {
-        "prefill_s": t_pre["min_s"],
-        "prefill_tok_s": B * T / t_pre["min_s"],
-        "decode_tok_s": B * (new_tokens - 1) / decode_s,
-        "total_tok_s": B * new_tokens / t_all["min_s"],
-        "compile_s": t_all["first_s"] - t_all["min_s"],
+    fns = {
+        "prefill": lambda: prefill(params, tokens, mask),
+        "one": gen(1),
+        "all": gen(new_tokens),
     }
+    compile_s = {}
+    for name, fn in fns.items():
+        t0 = time.perf_counter()
+        block(fn())
+        compile_s[name] = time.perf_counter() - t0
+    return fns, compile_s
 
 
-def bench_hf(model, tokens, mask, new_tokens, repeats=2, warmup=True):
-    """transformers, measured like `bench_ours`: decode = generate(N) - generate(1), min of repeats.
+def hf_timers(model, tokens, mask, new_tokens):
+    """transformers callables timed like ours: prefill, generate(1), generate(new_tokens).
 
     Prefill is one forward with `logits_to_keep=1`, as transformers' `generate` runs it (last-token
     logits only; the full [B, T, V] head would add about a quarter to the prompt pass, and
@@ -111,39 +121,58 @@ def bench_hf(model, tokens, mask, new_tokens, repeats=2, warmup=True):
 
     t = torch.as_tensor(np.asarray(tokens), dtype=torch.long)
     m = torch.as_tensor(np.asarray(mask), dtype=torch.long)
-    B, T = t.shape
 
-    def best_of(fn):
-        if warmup:
-            fn()
-        times = []
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - t0)
-        return min(times)
+    def no_grad(fn):
+        def run():
+            with torch.no_grad():
+                return fn()
+
+        return run
 
     def gen(n):
-        return lambda: model.generate(
-            input_ids=t,
-            attention_mask=m,
-            max_new_tokens=n,
-            min_new_tokens=n,
-            do_sample=False,
-            pad_token_id=2,
+        return no_grad(
+            lambda: model.generate(
+                input_ids=t,
+                attention_mask=m,
+                max_new_tokens=n,
+                min_new_tokens=n,
+                do_sample=False,
+                pad_token_id=2,
+            )
         )
 
-    with torch.no_grad():
-        pre = best_of(
-            lambda: model(input_ids=t, attention_mask=m, use_cache=True, logits_to_keep=1)
-        )
-        one = best_of(gen(1))
-        total = best_of(gen(new_tokens))
     return {
-        "prefill_s": pre,
-        "prefill_tok_s": B * T / pre,
-        "decode_tok_s": B * (new_tokens - 1) / max(total - one, 1e-9),
-        "total_tok_s": B * new_tokens / total,
+        "prefill": no_grad(
+            lambda: model(input_ids=t, attention_mask=m, use_cache=True, logits_to_keep=1)
+        ),
+        "one": gen(1),
+        "all": gen(new_tokens),
+    }
+
+
+def abba_rounds(a: dict, b: dict, rounds: int) -> tuple[dict, dict]:
+    """Time each callable of `a` and `b` once per round, `a` first in even rounds and `b` first in
+    odd ones (ABBA), so a slow spell of the shared machine falls on both sides; return the min
+    time per callable of each side."""
+    times = ({k: [] for k in a}, {k: [] for k in b})
+    for r in range(rounds):
+        order = ((0, a), (1, b)) if r % 2 == 0 else ((1, b), (0, a))
+        for side, fns in order:
+            for name, fn in fns.items():
+                t0 = time.perf_counter()
+                block(fn())
+                times[side][name].append(time.perf_counter() - t0)
+    return tuple({k: min(v) for k, v in side.items()} for side in times)
+
+
+def throughputs(t: dict, B: int, new_tokens: int) -> dict:
+    """Prefill, decode and total tokens/s from min times (decode = generate(N) - generate(1))."""
+    decode_s = max(t["all"] - t["one"], 1e-9)
+    return {
+        "prefill_s": t["prefill"],
+        "prefill_tok_s": B * PROMPT_LEN / t["prefill"],
+        "decode_tok_s": B * (new_tokens - 1) / decode_s,
+        "total_tok_s": B * new_tokens / t["all"],
     }
 
 
@@ -154,6 +183,7 @@ def main() -> None:
     torch.set_num_threads(os.cpu_count())
     batches = [int(b) for b in os.environ.get("BENCH_MODEL_BATCHES", "1,16,64,256").split(",")]
     new_tokens = int(os.environ.get("BENCH_MODEL_NEW_TOKENS", "32"))
+    rounds = int(os.environ.get("BENCH_MODEL_ROUNDS", "2"))
     # transformers at batch 256 takes minutes per call on a small CPU: fewer new tokens there.
     hf_new_tokens = {b: (8 if b >= 256 else new_tokens) for b in batches}
 
@@ -174,6 +204,8 @@ def main() -> None:
             "matmul_gflops": gflops,
             "prompt_len": PROMPT_LEN,
             "new_tokens": new_tokens,
+            "rounds": rounds,
+            "order": "ABBA: ours then HF in even rounds, HF then ours in odd; min per side",
         },
     )
     for B in batches:
@@ -188,10 +220,16 @@ def main() -> None:
         gflops_here = matmul_gflops()
         gflops = max(gflops, gflops_here)
         results[f"matmul_gflops_at_b{B}"] = gflops_here
-        ours = bench_ours(config, params, jnp.asarray(tokens), jnp.asarray(mask), new_tokens)
-        # transformers at batch 256 takes minutes per call on a small CPU: one timed call each.
-        big = B >= 256
-        ref = bench_hf(hf, tokens, mask, hf_new_tokens[B], repeats=1 if big else 2, warmup=not big)
+        ours_fns, compile_s = ours_timers(
+            config, params, jnp.asarray(tokens), jnp.asarray(mask), new_tokens
+        )
+        hf_fns = hf_timers(hf, tokens, mask, hf_new_tokens[B])
+        if B < 256:
+            abba_rounds({}, hf_fns, 1)  # warm-up (transformers at 256 takes minutes per call)
+        t_ours, t_hf = abba_rounds(ours_fns, hf_fns, rounds)
+        ours = throughputs(t_ours, B, new_tokens)
+        ours["compile_s"] = compile_s["all"] - t_ours["all"]
+        ref = throughputs(t_hf, B, hf_new_tokens[B])
         mfu = prefill_mfu(config, B, ours["prefill_s"], gflops)
         results["matmul_gflops"] = gflops
         for k, v in ours.items():
