@@ -84,6 +84,27 @@ def _filter_logits(logits: jax.Array, top_k: int, top_p: float) -> jax.Array:
     return logits
 
 
+def _per_row_keys(key: jax.Array, batch: int) -> bool:
+    """Whether `key` holds one PRNG key per row ([B] typed keys or [B, 2] raw) rather than one."""
+    typed = jnp.issubdtype(key.dtype, jax.dtypes.prng_key)
+    batch_dims = key.shape if typed else key.shape[:-1]
+    if not batch_dims:
+        return False
+    if batch_dims != (batch,):
+        raise ValueError(
+            f"key must be one PRNG key or one per prompt row ({batch}), got key batch shape "
+            f"{batch_dims}"
+        )
+    return True
+
+
+def _step_key(key: jax.Array, step: jax.Array | int, per_row: bool) -> jax.Array:
+    """The key of decode step `step`: fold_in(key, step), for each row's key when per_row."""
+    if per_row:
+        return jax.vmap(jax.random.fold_in, (0, None))(key, step)
+    return jax.random.fold_in(key, step)
+
+
 def _sample(
     key: jax.Array,
     logits: jax.Array,
@@ -92,11 +113,16 @@ def _sample(
     top_k: int,
     top_p: float,
     greedy: bool,
+    per_row: bool = False,
 ) -> tuple[jax.Array, jax.Array]:
-    """Pick a token per row from logits [B, V]; return (tokens [B], logprobs [B])."""
+    """Pick a token per row from logits [B, V] with one key, or with key [B] (one per row) when
+    per_row; return (tokens [B], logprobs [B])."""
     scaled = logits / temperature
     if greedy:
         tok = jnp.argmax(logits, axis=-1)
+    elif per_row:
+        filtered = _filter_logits(scaled, top_k, top_p)
+        tok = jax.vmap(functools.partial(jax.random.categorical, axis=-1))(key, filtered)
     else:
         tok = jax.random.categorical(key, _filter_logits(scaled, top_k, top_p), axis=-1)
     tok = tok.astype(jnp.int32)
@@ -126,7 +152,9 @@ def generate(
     """Generate up to `max_new_tokens` tokens for a left-padded batch of prompts.
 
     prompt_tokens, prompt_mask: [B, T] (1 = real token; every row's last slot must be real).
-    key: PRNG key (step i uses fold_in(key, i)). greedy=True takes argmax (key unused).
+    key: one PRNG key (step i uses fold_in(key, i)), or one key per row ([B] typed or [B, 2] raw:
+    row b's step i uses fold_in(key[b], i), so a row samples the same tokens in any batch it is
+    put in). greedy=True takes argmax (key unused).
     temperature, top_k (0 = off), top_p (1.0 = off) must be Python numbers for top_k / top_p.
     eos_token_ids default to config.eos_token_ids; tokens after a row's EOS are `pad_token_id`
     (default config.effective_pad_id) with mask 0. Logprobs are under log_softmax(logits / T):
@@ -145,8 +173,14 @@ def generate(
     dtype = cache_dtype or params["embed"].dtype
     # The last generated token is never fed back, so N - 1 decode slots suffice.
     cache = init_cache(config, B, T + N - 1, dtype)
+    per_row = _per_row_keys(key, B)
     sample = functools.partial(
-        _sample, temperature=temperature, top_k=top_k, top_p=top_p, greedy=greedy
+        _sample,
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        greedy=greedy,
+        per_row=per_row,
     )
     eos_arr = jnp.asarray(eos if eos else (-1,), jnp.int32)
 
@@ -171,7 +205,7 @@ def generate(
         jnp.zeros((B, N), jnp.int32),
         jnp.zeros((B,), bool),
     )
-    tok, lp = sample(jax.random.fold_in(key, 0), logits)
+    tok, lp = sample(_step_key(key, 0, per_row), logits)
     tok, state = emit(0, tok, lp, state)
 
     def cond(carry):
@@ -190,7 +224,7 @@ def generate(
     def body(carry):
         i, tok, cache, state = carry
         h, cache = hidden_states(decode_params, config, tok[:, None], lora=decode_lora, cache=cache)
-        tok, lp = sample(jax.random.fold_in(key, i), lm_head(decode_params, config, h[:, 0]))
+        tok, lp = sample(_step_key(key, i, per_row), lm_head(decode_params, config, h[:, 0]))
         tok, state = emit(i, tok, lp, state)
         return i + 1, tok, cache, state
 

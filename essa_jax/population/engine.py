@@ -11,12 +11,10 @@ for all rows at once: no per-member weight matrix, no Python loop over members. 
 `jax.shard_map` over a (pop, data) mesh gives each device a slice of members and prompts; params and
 basis are replicated (see `mesh.replicate`).
 
-Decoding: greedy (ESSA's default, also Qiu et al. 2025) runs as one flat batch of P*B rows
-through `essa_jax.models.generate`. Sampling needs per-row PRNG keys so that a member's samples do
-not depend on how rows are split over devices; `models.generate` draws one key per batch, so the
-sampling path vmaps `generate` over rows, each row with key fold_in(fold_in(key, member), prompt).
-That costs a select over the loop carry per step (vmap of a data-dependent while loop); a per-row
-key option in `models.generate` would let sampling use the flat path too.
+Decoding runs as one flat batch of P*B rows through `essa_jax.models.generate`, greedy (ESSA's
+default, also Qiu et al. 2025) or sampled. Sampling passes one PRNG key per row,
+fold_in(fold_in(key, member), prompt), so a member's samples do not depend on how rows are split
+over devices.
 
 Population or prompt counts that do not divide the mesh are padded (see `mesh` module docstring).
 """
@@ -35,9 +33,7 @@ from jax.sharding import PartitionSpec as P
 from essa_jax.lora.svd import (
     GenomeLayout,
     SVDBasis,
-    SVDLoRA,
     fuse_shared_input,
-    genome_to_singular_values,
     population_svd_lora,
 )
 from essa_jax.models import Generation, forward, generate
@@ -162,35 +158,16 @@ def _generate_rows(
     """Generation for p members x b prompts on one device: fields `[p, b, N]`."""
     p, b, t = tokens.shape
     flat_tokens, flat_mask = tokens.reshape(p * b, t), mask.reshape(p * b, t)
-    if settings["greedy"]:
-        lora = fuse_shared_input(population_svd_lora(basis, layout, genomes, b))
-        out = generate(params, config, flat_tokens, flat_mask, key, lora=lora, **settings)
-    else:
-        row_keys = jax.vmap(
+    lora = fuse_shared_input(population_svd_lora(basis, layout, genomes, b))
+    if not settings["greedy"]:
+        # One key per row, fold_in(fold_in(key, member), prompt): a row samples the same tokens
+        # whichever device and batch it lands in.
+        key = jax.vmap(
             lambda m: jax.vmap(lambda q: jax.random.fold_in(jax.random.fold_in(key, m), q))(
                 prompt_ids
             )
         )(member_ids).reshape(p * b)
-        svals = genome_to_singular_values(basis, layout, genomes)  # {t: ([p, L, r], [p, L, r])}
-        row_svals = jax.tree.map(lambda s: jnp.repeat(s, b, axis=0), svals)  # [p*b, L, r]
-
-        def one_row(tok, msk, row_key, sv):
-            # sv[t] = ([L, r], [L, r]); the per-row form [L, 1, r] for a batch of one.
-            lora = {
-                name: SVDLoRA(
-                    v_a=f.v_a,
-                    m=f.m,
-                    u_b=f.u_b,
-                    s_a=sv[name][0][:, None],
-                    s_b=sv[name][1][:, None],
-                    scale=f.scale,
-                )
-                for name, f in basis.factors.items()
-            }
-            g = generate(params, config, tok[None], msk[None], row_key, lora=lora, **settings)
-            return jax.tree.map(lambda z: z[0], g)
-
-        out = jax.vmap(one_row)(flat_tokens, flat_mask, row_keys, row_svals)
+    out = generate(params, config, flat_tokens, flat_mask, key, lora=lora, **settings)
     return jax.tree.map(lambda z: z.reshape((p, b) + z.shape[1:]), out)
 
 

@@ -145,3 +145,28 @@ def test_top_k_1_equals_greedy(tiny_model, batch, greedy_out):
         eos_token_ids=(),
     )
     np.testing.assert_array_equal(np.asarray(g.tokens), np.asarray(greedy_out.tokens))
+
+
+def test_per_row_keys_sample_like_each_row_alone(tiny_model, batch):
+    """With one key per row, row b samples exactly what it samples alone with key[b]: a row's
+    tokens do not depend on the batch it is in (what the population engine relies on)."""
+    config, params = tiny_model
+    tokens, mask = batch
+    keys = jax.random.split(jax.random.key(3), len(PROMPTS))
+    settings = dict(max_new_tokens=N, temperature=1.5, top_p=0.95, eos_token_ids=())
+    rows = generate_jit(params, config, tokens, mask, keys, **settings)
+    for b in range(len(PROMPTS)):
+        alone = generate_jit(
+            params, config, tokens[b : b + 1], mask[b : b + 1], keys[b], **settings
+        )
+        np.testing.assert_array_equal(np.asarray(rows.tokens)[b], np.asarray(alone.tokens)[0])
+        np.testing.assert_allclose(
+            np.asarray(rows.logprobs)[b], np.asarray(alone.logprobs)[0], atol=1e-4
+        )
+    # Raw uint32 keys [B, 2] are per-row keys too; the rows really get different streams.
+    raw = generate_jit(params, config, tokens, mask, jax.random.key_data(keys), **settings)
+    np.testing.assert_array_equal(np.asarray(raw.tokens), np.asarray(rows.tokens))
+    same = generate_jit(params, config, tokens, mask, jnp.stack([keys[0]] * 3), **settings)
+    assert not np.array_equal(np.asarray(same.tokens), np.asarray(rows.tokens))
+    with pytest.raises(ValueError, match="one per prompt row"):
+        generate_jit(params, config, tokens, mask, keys[:2], **settings)

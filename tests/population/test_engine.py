@@ -89,3 +89,27 @@ def test_mesh_construction():
     with pytest.raises(ValueError, match="needs 16 devices"):
         make_population_mesh(8, 2)
     assert [padded_size(n, 4) for n in (1, 4, 5, 8)] == [4, 4, 8, 8]
+
+
+def test_sampled_member_rows_equal_merged_adapter_alone():
+    """Sampling: row (member i, prompt j) equals the merged-adapter model generating prompt j
+    alone with key fold_in(fold_in(key, i), j) (the documented per-row key)."""
+    config, params, _, basis, layout = setup("qwen2", rank=3)
+    num_members, b, t = 3, 2, 5
+    genomes = 0.3 * randn(4, (num_members, layout.size))
+    tokens, mask = left_padded(5, (b, t), config.vocab_size)
+    key = jax.random.key(7)
+    settings = dict(max_new_tokens=6, temperature=1.3, top_k=20, eos_token_ids=())
+    got = population_generate(params, config, basis, layout, genomes, tokens, mask, key, **settings)
+    for i in range(num_members):
+        merged = merge_lora(params, svd_lora_to_lora(basis, layout, jnp.asarray(genomes[i])))
+        for j in range(b):
+            row_key = jax.random.fold_in(jax.random.fold_in(key, i), j)
+            want = generate_jit(
+                merged, config, tokens[j : j + 1], mask[j : j + 1], row_key, **settings
+            )
+            np.testing.assert_array_equal(np.asarray(got.tokens)[i, j], np.asarray(want.tokens)[0])
+            np.testing.assert_allclose(
+                np.asarray(got.logprobs)[i, j], np.asarray(want.logprobs)[0], atol=1e-4
+            )
+    assert not np.array_equal(np.asarray(got.tokens)[0], np.asarray(got.tokens)[1])
