@@ -74,13 +74,16 @@ def evaluate_across_devices(
     fitness_fn: FitnessFn,
     population: jax.Array,
     mesh: jax.sharding.Mesh | None = None,
-    axis_name: str = "population",
+    axis_name: str = "pop",
 ) -> jax.Array:
     """Evaluate shards of `population` [P, D] on the devices of `mesh` along `axis_name` with
     shard_map, and all_gather the fitness so that every device holds all of it. -> [P].
 
     `fitness_fn` must be traceable by JAX ([S, D] -> [S]). By default the mesh is all local
-    devices on one axis. Callable eagerly or inside jit.
+    devices on one axis. The default axis name is the population axis of
+    `essa_jax.population.make_population_mesh` and `essa_jax.distributed.global_mesh` ("pop"), so
+    their meshes work as they are (other axes, such as "data", see the whole shard). Callable
+    eagerly or inside jit.
     """
     if mesh is None:
         mesh = jax.sharding.Mesh(

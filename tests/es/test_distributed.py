@@ -20,6 +20,7 @@ from essa_jax.es.distributed import (
     pad_population,
     shard_bounds,
 )
+from essa_jax.population import make_population_mesh
 
 WORKER = Path(__file__).with_name("es_mp_worker.py")
 
@@ -41,6 +42,16 @@ def test_evaluate_across_devices_matches_direct_evaluation(num_devices):
     devices = np.asarray(jax.local_devices()[:num_devices])
     mesh = jax.sharding.Mesh(devices, ("population",), axis_types=(jax.sharding.AxisType.Auto,))
     pop = jax.random.normal(jax.random.key(0), (10, 4))  # 10 is not a multiple of 8 or 3: padded
+    fit = evaluate_across_devices(lambda x: -sphere(x), pop, mesh, axis_name="population")
+    np.testing.assert_allclose(fit, -sphere(pop), rtol=1e-6)
+    with pytest.raises(ValueError, match="not a mesh axis"):
+        evaluate_across_devices(lambda x: -sphere(x), pop, mesh)
+
+
+def test_evaluate_across_devices_on_the_population_mesh():
+    """The default axis is the population engine's "pop": its (pop, data) mesh works as it is."""
+    mesh = make_population_mesh(4, 2)
+    pop = jax.random.normal(jax.random.key(1), (6, 3))
     fit = evaluate_across_devices(lambda x: -sphere(x), pop, mesh)
     np.testing.assert_allclose(fit, -sphere(pop), rtol=1e-6)
 
