@@ -102,12 +102,14 @@ def ours_timers(config, params, tokens, mask, new_tokens):
         "one": gen(1),
         "all": gen(new_tokens),
     }
-    compile_s = {}
-    for name, fn in fns.items():
-        t0 = time.perf_counter()
-        block(fn())
-        compile_s[name] = time.perf_counter() - t0
-    return fns, compile_s
+    return fns, {name: _seconds(fn) for name, fn in fns.items()}
+
+
+def _seconds(fn) -> float:
+    """Wall-clock seconds of one call of `fn`, its jax results waited for."""
+    t0 = time.perf_counter()
+    block(fn())
+    return time.perf_counter() - t0
 
 
 def hf_timers(model, tokens, mask, new_tokens):
@@ -159,9 +161,7 @@ def abba_rounds(a: dict, b: dict, rounds: int) -> tuple[dict, dict]:
         order = ((0, a), (1, b)) if r % 2 == 0 else ((1, b), (0, a))
         for side, fns in order:
             for name, fn in fns.items():
-                t0 = time.perf_counter()
-                block(fn())
-                times[side][name].append(time.perf_counter() - t0)
+                times[side][name].append(_seconds(fn))
     return tuple({k: min(v) for k, v in side.items()} for side in times)
 
 

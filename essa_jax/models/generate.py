@@ -120,11 +120,9 @@ def _sample(
     scaled = logits / temperature
     if greedy:
         tok = jnp.argmax(logits, axis=-1)
-    elif per_row:
-        filtered = _filter_logits(scaled, top_k, top_p)
-        tok = jax.vmap(functools.partial(jax.random.categorical, axis=-1))(key, filtered)
     else:
-        tok = jax.random.categorical(key, _filter_logits(scaled, top_k, top_p), axis=-1)
+        draw = functools.partial(jax.random.categorical, axis=-1)
+        tok = (jax.vmap(draw) if per_row else draw)(key, _filter_logits(scaled, top_k, top_p))
     tok = tok.astype(jnp.int32)
     # log_softmax(scaled)[tok] without writing the [B, V] log_softmax out (a tenth of a SmolLM2
     # decode step at batch 256 went to it): only the logsumexp reduction touches all of V.
