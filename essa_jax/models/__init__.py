@@ -1,7 +1,7 @@
 """Llama-family decoder (Llama 3, Mistral, Qwen2, SmolLM2) in JAX: forward, loading, generation.
 
 Public API (see docs/INTERFACES.md):
-    ModelConfig, init_params, forward, hidden_states, lm_head, KVCache, init_cache,
+    ModelConfig, init_params, forward, hidden_states, lm_head, KVCache, init_cache, prefill,
     generate, generate_jit, Generation, pad_left, sequence_logprobs,
     load_pretrained, load_tokenizer, smollm2_gguf_path, CheckpointError, UnsupportedModelError
 """
@@ -26,6 +26,7 @@ from essa_jax.models.transformer import (
     init_params,
     lm_head,
     output_kernel,
+    prefill,
 )
 
 __all__ = [
@@ -50,6 +51,7 @@ __all__ = [
     "load_tokenizer",
     "output_kernel",
     "pad_left",
+    "prefill",
     "sequence_logprobs",
     "smollm2_gguf_path",
 ]

@@ -20,11 +20,11 @@ from essa_jax.models.config import ModelConfig
 from essa_jax.models.transformer import (
     Params,
     hidden_states,
-    init_cache,
     lm_head,
     per_layer_cache,
     per_layer_lora,
     per_layer_params,
+    prefill,
 )
 
 
@@ -169,8 +169,6 @@ def generate(
     B, T = prompt_tokens.shape
     N = max_new_tokens
     dtype = cache_dtype or params["embed"].dtype
-    # The last generated token is never fed back, so N - 1 decode slots suffice.
-    cache = init_cache(config, B, T + N - 1, dtype)
     per_row = _per_row_keys(key, B)
     sample = functools.partial(
         _sample,
@@ -182,8 +180,15 @@ def generate(
     )
     eos_arr = jnp.asarray(eos if eos else (-1,), jnp.int32)
 
-    h, cache = hidden_states(
-        params, config, prompt_tokens, attention_mask=prompt_mask, lora=lora, cache=cache
+    # The last generated token is never fed back, so N - 1 decode slots suffice.
+    h, cache = prefill(
+        params,
+        config,
+        prompt_tokens,
+        max_len=T + N - 1,
+        attention_mask=prompt_mask,
+        lora=lora,
+        cache_dtype=dtype,
     )
     logits = lm_head(params, config, h[:, -1])
 

@@ -138,11 +138,16 @@ def rope_inv_freq(config: ModelConfig) -> np.ndarray:
     return np.where(medium, smoothed, scaled).astype(np.float32)
 
 
-def _rope(x: jax.Array, positions: jax.Array, inv_freq: np.ndarray) -> jax.Array:
-    """Rotate x [B, T, H, hd] by positions [B, T] (HF rotate-half convention), in float32."""
+def _rope_tables(positions: jax.Array, inv_freq: np.ndarray) -> tuple[jax.Array, jax.Array]:
+    """cos, sin [B, T, 1, hd] (float32) of the RoPE angles positions [B, T] x inv_freq [hd/2]."""
     angles = positions.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq)  # [B, T, hd/2]
     angles = jnp.concatenate([angles, angles], axis=-1)[:, :, None, :]
-    cos, sin = jnp.cos(angles), jnp.sin(angles)
+    return jnp.cos(angles), jnp.sin(angles)
+
+
+def _rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
+    """Rotate x [B, T, H, hd] by the angles of `_rope_tables` (HF rotate-half convention), in
+    float32."""
     xf = x.astype(jnp.float32)
     x1, x2 = jnp.split(xf, 2, axis=-1)
     rotated = jnp.concatenate([-x2, x1], axis=-1)
@@ -246,8 +251,63 @@ def hidden_states(
     positions [B, T] (default cumsum(mask) - 1, continuing from `cache.next_pos`). With a cache the
     T tokens are written at slots `cache.index ... cache.index + T - 1` and attend to everything
     cached before them. params["layers"] is stacked, or the per-layer tuple of `per_layer_params`
-    (same result, unrolled layer loop).
+    (same result, unrolled layer loop). For a prompt into an empty cache, `prefill` is faster.
     """
+    h, cache, _ = _decoder(params, config, tokens, attention_mask, positions, lora, cache, None)
+    return h if cache is None else (h, cache)
+
+
+def prefill(
+    params: Params,
+    config: ModelConfig,
+    tokens: jax.Array,
+    *,
+    max_len: int,
+    attention_mask: jax.Array | None = None,
+    positions: jax.Array | None = None,
+    lora: Mapping[str, Any] | None = None,
+    cache_dtype: Any = None,
+) -> tuple[jax.Array, KVCache]:
+    """The prompt pass into a fresh cache: `(h [B, T, d], cache)` with `max_len` slots per row.
+
+    The same result as `hidden_states(..., cache=init_cache(config, B, max_len, cache_dtype))`
+    (cache_dtype defaults to the params dtype), computed without that cache: the prompt attends
+    only to itself (an empty cache has nothing to attend to) and its keys/values leave the layer
+    loop once, padded to `max_len` slots. Attending to `max_len` empty slots and writing a zeroed
+    cache took about 7% of a SmolLM2 prompt pass at batch 16 (CPU).
+    """
+    B, T = tokens.shape
+    if max_len < T:
+        raise ValueError(f"max_len={max_len} is shorter than the prompt ({T} tokens)")
+    if attention_mask is None:
+        attention_mask = jnp.ones((B, T), bool)
+    attention_mask = attention_mask.astype(bool)
+    kv_dtype = cache_dtype or params["embed"].dtype
+    h, _, (k, v) = _decoder(params, config, tokens, attention_mask, positions, lora, None, kv_dtype)
+    slots = ((0, 0), (0, 0), (0, 0), (0, max_len - T), (0, 0))  # [L, B, Hkv, S, hd]
+    cache = KVCache(
+        k=jnp.pad(k, slots),
+        v=jnp.pad(v, slots),
+        mask=jnp.pad(attention_mask, ((0, 0), (0, max_len - T))),
+        next_pos=attention_mask.sum(axis=1, dtype=jnp.int32),
+        index=jnp.asarray(T, jnp.int32),
+    )
+    return h, cache
+
+
+def _decoder(
+    params: Params,
+    config: ModelConfig,
+    tokens: jax.Array,
+    attention_mask: jax.Array | None,
+    positions: jax.Array | None,
+    lora: Mapping[str, Any] | None,
+    cache: KVCache | None,
+    kv_dtype: Any,
+) -> tuple[jax.Array, KVCache | None, tuple[jax.Array, jax.Array] | None]:
+    """`hidden_states`, returning (h, cache or None, new k/v or None). Without a cache and with a
+    `kv_dtype`, the new tokens' keys and values (cast to it, and attended as cast) come back
+    stacked, [L, B, Hkv, T, hd] each (see `prefill`)."""
     c = config
     B, T = tokens.shape
     if attention_mask is None:
@@ -283,7 +343,8 @@ def hidden_states(
             )
     if positions is None:
         positions = default_positions(attention_mask, None if cache is None else cache.next_pos)
-    inv_freq = rope_inv_freq(c)
+    # Every layer rotates by the same angles: their cos/sin are computed once, not per layer.
+    cos, sin = _rope_tables(positions, rope_inv_freq(c))
     dtype = params["embed"].dtype
     h = jnp.take(params["embed"], tokens, axis=0)
 
@@ -291,8 +352,9 @@ def hidden_states(
     q_slots = cache.index + jnp.arange(T) if cached else jnp.arange(T)
     if cached:
         cache_slots = jnp.arange(_cache_len(cache))
-        cache_dtype = jax.tree.leaves(cache.k)[0].dtype
         new_mask = jax.lax.dynamic_update_slice(cache.mask, attention_mask, (0, cache.index))
+    # The dtype the new tokens' k/v are stored in, and attended in (None: the activations').
+    kv_cast = jax.tree.leaves(cache.k)[0].dtype if cached else kv_dtype
 
     def block(h, p, ad, kv_blocks):
         """One decoder layer; kv_blocks(k, v) -> the key blocks to attend to (see _attention)."""
@@ -301,11 +363,11 @@ def hidden_states(
         q = q.reshape(B, T, c.num_heads, c.head_dim)
         k = k.reshape(B, T, c.num_kv_heads, c.head_dim)
         v = v.reshape(B, T, c.num_kv_heads, c.head_dim)
-        q, k = _rope(q, positions, inv_freq), _rope(k, positions, inv_freq)
+        q, k = _rope(q, cos, sin), _rope(k, cos, sin)
         k, v = jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2)  # [B, Hkv, T, hd], the cache layout
-        if cached:
+        if kv_cast is not None:
             # Attend to the new tokens as they are stored (the cache dtype may be narrower).
-            k, v = k.astype(cache_dtype), v.astype(cache_dtype)
+            k, v = k.astype(kv_cast), v.astype(kv_cast)
         attn = _attention(q, q_slots, kv_blocks(k, v), c.sliding_window).astype(dtype)
         h = h + _proj(attn, p["o"], ad.get("o"))
         x = rms_norm(h, p["mlp_norm"], c.rms_norm_eps)
@@ -333,10 +395,12 @@ def hidden_states(
             ck, cv = list(split.k), list(split.v)
             if len(ck) != len(layers):
                 raise ValueError(f"the cache has {len(ck)} layers, the params {len(layers)}")
+        kv_new = []
         for i, p in enumerate(layers):
             ad = layer_lora[i]
             if not cached:
-                h, _ = block(h, p, ad, self_only)
+                h, kv = block(h, p, ad, self_only)
+                kv_new.append(kv)
                 continue
 
             def write_then_read(k, v, i=i):
@@ -354,13 +418,16 @@ def hidden_states(
             new_k, new_v = tuple(ck), tuple(cv)
             if stacked_cache:
                 new_k, new_v = jnp.stack(new_k), jnp.stack(new_v)
+        if not cached and kv_dtype is not None:
+            kv_new = (jnp.stack([k for k, _ in kv_new]), jnp.stack([v for _, v in kv_new]))
     elif not cached:
 
         def step(h, xs):
             p, ad = xs
-            return block(h, p, ad, self_only)[0], None
+            h, kv = block(h, p, ad, self_only)
+            return h, (kv if kv_dtype is not None else None)
 
-        h, _ = jax.lax.scan(step, h, (layers, lora))
+        h, kv_new = jax.lax.scan(step, h, (layers, lora))
     else:
         # The cache is read-only inside the layer scan (layer l's slice arrives as xs) and the new
         # tokens' k/v leave as ys [L, B, Hkv, T, hd]; one dynamic_update_slice after the scan
@@ -391,7 +458,7 @@ def hidden_states(
             index=cache.index + T,
         )
     h = rms_norm(h, params["final_norm"], c.rms_norm_eps)
-    return h if cache is None else (h, cache)
+    return h, cache, (None if cached or kv_dtype is None else kv_new)
 
 
 def per_layer_params(params: Params) -> Params:

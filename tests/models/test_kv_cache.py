@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from essa_jax.models import ModelConfig, forward, init_cache, init_params
+from essa_jax.models import ModelConfig, forward, hidden_states, init_cache, init_params, prefill
 from essa_jax.models.transformer import per_layer_cache, per_layer_lora, per_layer_params
 
 # prompt chunk, four single-token steps, a 3-token chunk: 12 tokens in all
@@ -149,3 +149,62 @@ def test_per_layer_params_equal_stacked():
     # A bf16 cache rounds keys and values: close to the float32 forward, not equal to it.
     err = np.abs(np.asarray(bf16[0]) - np.asarray(stacked))[real]
     assert 1e-5 < err.max() < 0.5
+
+
+@pytest.mark.parametrize("cache_dtype", [jnp.float32, jnp.bfloat16])
+@pytest.mark.parametrize("per_layer", [False, True])
+def test_prefill_equals_prompt_pass_into_an_empty_cache(per_layer, cache_dtype):
+    """`prefill` (the prompt attending to itself alone) = `hidden_states` into `init_cache`: the
+    same hidden states and the same cache on real tokens, so decoding continues identically."""
+    config = _config(sliding_window=4)
+    params, lora = _model(config, seed=2)
+    if per_layer:
+        params = per_layer_params(params)
+    tokens, mask = _batch(config)
+    prompt, prompt_mask, capacity = tokens[:, :7], mask[:, :7], 11
+
+    @jax.jit
+    def reference(params, lora):
+        cache = init_cache(config, 3, capacity, cache_dtype)
+        return hidden_states(
+            params, config, prompt, attention_mask=prompt_mask, lora=lora, cache=cache
+        )
+
+    @jax.jit
+    def ours(params, lora):
+        return prefill(
+            params,
+            config,
+            prompt,
+            max_len=capacity,
+            attention_mask=prompt_mask,
+            lora=lora,
+            cache_dtype=cache_dtype,
+        )
+
+    (h_ref, c_ref), (h, c) = reference(params, lora), ours(params, lora)
+    real = np.asarray(prompt_mask, bool)  # padding positions hold arbitrary values in both
+    # Float sums reorder between the two programs: equal to float32 rounding.
+    np.testing.assert_allclose(np.asarray(h)[real], np.asarray(h_ref)[real], rtol=1e-5, atol=1e-5)
+    assert c.k.shape == c_ref.k.shape and c.k.dtype == c_ref.k.dtype == cache_dtype
+    slot_real = np.zeros((3, capacity), bool)
+    slot_real[:, :7] = real
+    for new, old in ((c.k, c_ref.k), (c.v, c_ref.v)):
+        new, old = np.asarray(new, np.float32), np.asarray(old, np.float32)
+        # [L, B, Hkv, S, hd] -> [B, S, L, Hkv, hd]: real slots compared, the rest must be empty.
+        new, old = new.transpose(1, 3, 0, 2, 4), old.transpose(1, 3, 0, 2, 4)
+        np.testing.assert_allclose(new[slot_real], old[slot_real], rtol=1e-5, atol=1e-5)
+        assert not new[:, 7:].any()
+    np.testing.assert_array_equal(np.asarray(c.mask), np.asarray(c_ref.mask))
+    np.testing.assert_array_equal(np.asarray(c.next_pos), np.asarray(c_ref.next_pos))
+    assert int(c.index) == int(c_ref.index) == 7
+
+    @jax.jit
+    def decode(params, lora, cache):
+        return forward(params, config, tokens[:, 7:11], lora=lora, cache=cache)[0]
+
+    np.testing.assert_allclose(
+        np.asarray(decode(params, lora, c)), np.asarray(decode(params, lora, c_ref)), atol=1e-4
+    )
+    with pytest.raises(ValueError, match="max_len=6 is shorter than the prompt"):
+        prefill(params, config, prompt, max_len=6)
