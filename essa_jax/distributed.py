@@ -49,7 +49,8 @@ ENV_PROCESS_ID = "JAX_PROCESS_ID"
 DEFAULT_TIMEOUT_S = 120
 DEFAULT_HEARTBEAT_TIMEOUT_S = 60
 DEFAULT_SHUTDOWN_TIMEOUT_S = 60
-# The axis names of essa_jax.population.mesh, so a global mesh plugs into population_generate.
+# The mesh axis names, shared with essa_jax.population.mesh: a global mesh plugs into
+# population_generate.
 POPULATION_AXIS = "pop"
 DATA_AXIS = "data"
 

@@ -19,8 +19,9 @@ import jax
 import numpy as np
 from jax.sharding import Mesh
 
-POP_AXIS = "pop"
-DATA_AXIS = "data"
+# One pair of axis names for single- and multi-process meshes (`essa_jax.distributed.global_mesh`).
+from essa_jax.distributed import DATA_AXIS
+from essa_jax.distributed import POPULATION_AXIS as POP_AXIS
 
 
 def make_population_mesh(
