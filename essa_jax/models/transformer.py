@@ -273,8 +273,9 @@ def prefill(
     The same result as `hidden_states(..., cache=init_cache(config, B, max_len, cache_dtype))`
     (cache_dtype defaults to the params dtype), computed without that cache: the prompt attends
     only to itself (an empty cache has nothing to attend to) and its keys/values leave the layer
-    loop once, padded to `max_len` slots. Attending to `max_len` empty slots and writing a zeroed
-    cache took about 7% of a SmolLM2 prompt pass at batch 16 (CPU).
+    loop as the cache itself, each layer's padded to `max_len` slots inside the loop (padding the
+    stacked keys/values after it would copy them once more). Attending to `max_len` empty slots
+    and writing a zeroed cache took about 7% of a SmolLM2 prompt pass at batch 16 (CPU).
     """
     B, T = tokens.shape
     if max_len < T:
@@ -283,11 +284,12 @@ def prefill(
         attention_mask = jnp.ones((B, T), bool)
     attention_mask = attention_mask.astype(bool)
     kv_dtype = cache_dtype or params["embed"].dtype
-    h, _, (k, v) = _decoder(params, config, tokens, attention_mask, positions, lora, None, kv_dtype)
-    slots = ((0, 0), (0, 0), (0, 0), (0, max_len - T), (0, 0))  # [L, B, Hkv, S, hd]
+    h, _, (k, v) = _decoder(
+        params, config, tokens, attention_mask, positions, lora, None, (kv_dtype, max_len)
+    )
     cache = KVCache(
-        k=jnp.pad(k, slots),
-        v=jnp.pad(v, slots),
+        k=k,
+        v=v,
         mask=jnp.pad(attention_mask, ((0, 0), (0, max_len - T))),
         next_pos=attention_mask.sum(axis=1, dtype=jnp.int32),
         index=jnp.asarray(T, jnp.int32),
@@ -303,11 +305,11 @@ def _decoder(
     positions: jax.Array | None,
     lora: Mapping[str, Any] | None,
     cache: KVCache | None,
-    kv_dtype: Any,
+    kv_out: tuple[Any, int] | None,
 ) -> tuple[jax.Array, KVCache | None, tuple[jax.Array, jax.Array] | None]:
-    """`hidden_states`, returning (h, cache or None, new k/v or None). Without a cache and with a
-    `kv_dtype`, the new tokens' keys and values (cast to it, and attended as cast) come back
-    stacked, [L, B, Hkv, T, hd] each (see `prefill`)."""
+    """`hidden_states`, returning (h, cache or None, new k/v or None). Without a cache and with
+    `kv_out = (dtype, S)`, the new tokens' keys and values (cast to dtype, and attended as cast)
+    come back stacked and zero-padded to S slots, [L, B, Hkv, S, hd] each (see `prefill`)."""
     c = config
     B, T = tokens.shape
     if attention_mask is None:
@@ -354,7 +356,12 @@ def _decoder(
         cache_slots = jnp.arange(_cache_len(cache))
         new_mask = jax.lax.dynamic_update_slice(cache.mask, attention_mask, (0, cache.index))
     # The dtype the new tokens' k/v are stored in, and attended in (None: the activations').
+    kv_dtype, kv_slots = kv_out or (None, None)
     kv_cast = jax.tree.leaves(cache.k)[0].dtype if cached else kv_dtype
+
+    def padded(kv):
+        """A layer's new (k, v) [B, Hkv, T, hd], zero-padded to kv_slots slots."""
+        return tuple(jnp.pad(x, ((0, 0), (0, 0), (0, kv_slots - T), (0, 0))) for x in kv)
 
     def block(h, p, ad, kv_blocks):
         """One decoder layer; kv_blocks(k, v) -> the key blocks to attend to (see _attention)."""
@@ -400,7 +407,7 @@ def _decoder(
             ad = layer_lora[i]
             if not cached:
                 h, kv = block(h, p, ad, self_only)
-                kv_new.append(kv)
+                kv_new.append(padded(kv) if kv_out else None)
                 continue
 
             def write_then_read(k, v, i=i):
@@ -418,14 +425,14 @@ def _decoder(
             new_k, new_v = tuple(ck), tuple(cv)
             if stacked_cache:
                 new_k, new_v = jnp.stack(new_k), jnp.stack(new_v)
-        if not cached and kv_dtype is not None:
+        if not cached and kv_out:
             kv_new = (jnp.stack([k for k, _ in kv_new]), jnp.stack([v for _, v in kv_new]))
     elif not cached:
 
         def step(h, xs):
             p, ad = xs
             h, kv = block(h, p, ad, self_only)
-            return h, (kv if kv_dtype is not None else None)
+            return h, (padded(kv) if kv_out else None)
 
         h, kv_new = jax.lax.scan(step, h, (layers, lora))
     else:
@@ -458,7 +465,7 @@ def _decoder(
             index=cache.index + T,
         )
     h = rms_norm(h, params["final_norm"], c.rms_norm_eps)
-    return h, cache, (None if cached or kv_dtype is None else kv_new)
+    return h, cache, (None if cached or not kv_out else kv_new)
 
 
 def per_layer_params(params: Params) -> Params:
