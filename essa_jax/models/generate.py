@@ -168,7 +168,6 @@ def generate(
     pad = config.effective_pad_id if pad_token_id is None else pad_token_id
     B, T = prompt_tokens.shape
     N = max_new_tokens
-    dtype = cache_dtype or params["embed"].dtype
     per_row = _per_row_keys(key, B)
     sample = functools.partial(
         _sample,
@@ -188,7 +187,7 @@ def generate(
         max_len=T + N - 1,
         attention_mask=prompt_mask,
         lora=lora,
-        cache_dtype=dtype,
+        cache_dtype=cache_dtype,
     )
     logits = lm_head(params, config, h[:, -1])
 
