@@ -64,9 +64,9 @@ def reward_fn(prompts, completions, answer, **_):
 def bench_ours(texts: list[str], answers: list[str]) -> dict[str, float]:
     import jax
 
-    from essa_jax.lora import LoraConfig, init_lora
+    from essa_jax.lora import LoraConfig, init_lora, lora_policy
     from essa_jax.models import load_pretrained, load_tokenizer, pad_left
-    from essa_jax.rl import FrozenPolicy, GRPOConfig, GRPOTrainer, lora_policy
+    from essa_jax.rl import FrozenPolicy, GRPOConfig, GRPOTrainer
 
     config, params = load_pretrained("smollm2-135m-instruct")
     tok = load_tokenizer("smollm2-135m-instruct")
@@ -74,7 +74,7 @@ def bench_ours(texts: list[str], answers: list[str]) -> dict[str, float]:
     prompt_tokens, prompt_mask = pad_left(ids, config.effective_pad_id)
     cfg = GRPOConfig(
         group_size=GROUP,
-        method="grpo",
+        loss="grpo",
         eps_low=0.2,
         eps_high=0.2,
         agg="token_mean",

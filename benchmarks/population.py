@@ -5,7 +5,7 @@ length and a fixed number of new tokens (greedy, EOS disabled so that every vari
 work). Variants, each in its own subprocess so that its peak RSS (ru_maxrss) is its own:
 
   population   essa_jax.population.population_generate: P*B rows, one program, shared W/U/V,
-               per-row singular values (the hot path of DESIGN.md)
+               per-row singular values (the hot path, docs/ARCHITECTURE.md "Population")
   plain        models.generate on the same P*B rows with no adapter at all (the ceiling)
   merged       jax.vmap over members of (merge W + B'A' into q/k/v/o, generate B rows): the naive
                batched approach, P copies of the adapted kernels

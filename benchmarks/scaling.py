@@ -5,9 +5,9 @@ ESSA generation / GRPO step, and the cluster cost model (ESSA arXiv 2507.04453, 
 
 Each device count runs in its own subprocess (XLA_FLAGS=--xla_force_host_platform_device_count=n);
 the 2-process run goes through experiments/launch_local.py (gloo over 127.0.0.1). The model is the
-tiny random one (essa_jax.train.tiny), so this measures the distribution machinery, not a GPU.
+tiny random one (essa_jax.models.tiny), so this measures the distribution machinery, not a GPU.
 On a 2-core machine more than 2 devices cannot run faster: the point of the host-device numbers is
-the shape of the curves and that the bytes moved stay 4 P per generation, whatever the layout.
+the shape of the curves and that the bytes moved stay a few floats per rollout, whatever the layout.
 Writes experiments/results/scaling.json.
 """
 
@@ -56,20 +56,6 @@ def _child(spec: dict) -> None:
         in_program = comm.parse_collectives(
             essa.lowered_fitness(state).compile().as_text(), num_devices=jax.device_count()
         )
-        # The gather of the sharded fitness vector (D.replicate) is its own tiny program.
-        f_sharded = essa.fitness_fn(
-            *essa.shared[:2],
-            D.host_to_global(z, essa.mesh, jax.sharding.PartitionSpec(D.POPULATION_AXIS)),
-            *essa.shared[2:],
-            D.host_to_global(k_gen, essa.mesh),
-        )
-        gather = comm.count_collectives(
-            jax.jit(
-                lambda a: a,
-                out_shardings=jax.sharding.NamedSharding(essa.mesh, jax.sharding.PartitionSpec()),
-            ),
-            f_sharded,
-        )
         out["settings"].append(
             {
                 "population": pop,
@@ -77,8 +63,11 @@ def _child(spec: dict) -> None:
                 "compile_s": t["first_s"],
                 "rows_per_device": pop * PROMPTS // info.global_device_count,
                 "hlo_bytes_in_evaluation": comm.summarize(in_program).payload_bytes,
-                "hlo_bytes_fitness_gather": gather.payload_bytes,
-                "hlo_wire_bytes_per_device": gather.wire_bytes_per_device,
+                # What crosses processes: each contributes its [4, P, B] float32 grid (rewards,
+                # lengths, finished, owned) to one host all-gather (essa_jax.population).
+                "gather_bytes": (16 * pop * PROMPTS * info.num_processes)
+                if info.num_processes > 1
+                else 0,
             }
         )
     if spec.get("grad"):
@@ -231,9 +220,9 @@ def main() -> None:
         cm.QWEN25_32B.n_params * 2.0, 128, weight_sync_bytes=cm.QWEN25_32B.n_params * 2.0
     )
     comm_rows = [
-        {"what": "ESSA gen, tiny P=16 (HLO)", "payload_B": gen_bytes, "layout": layout}
+        {"what": "ESSA gen, tiny P=16 (gathered)", "payload_B": gen_bytes, "layout": layout}
         for layout, gen_bytes in (
-            (k, v["settings"][-1]["hlo_bytes_fitness_gather"]) for k, v in per_layout.items()
+            (k, v["settings"][-1]["gather_bytes"]) for k, v in per_layout.items()
         )
     ] + [
         {

@@ -1,4 +1,9 @@
-"""Resume from the newest checkpoint that actually restores, never from a broken one.
+"""Checkpoints that resume a run exactly, and never from a broken one.
+
+`Checkpointer` (orbax CheckpointManager: the state pytree + a JSON item): a checkpoint at step t
+holds the whole loop state after t steps (strategy or optimiser state, adapter / SVD basis, PRNG
+key, data cursor, counters), plus a JSON item (metrics history, SFT results, elapsed wall-clock).
+Step 0 is the state right after SFT, so a resumed run never repeats SFT.
 
 Orbax writes a step into ``<dir>/<step>.orbax-checkpoint-tmp-<t>`` and renames it to
 ``<dir>/<step>`` once complete, so a run killed mid-write leaves only a tmp directory, which
@@ -9,8 +14,11 @@ disk that filled, a file truncated or deleted afterwards, a copy that stopped ha
 `quarantine_step` renames a broken step out of the way (``<step>.corrupt-<t>``) so the next save
 of that step number does not collide with it.
 
-Multi-process runs: every process must restore the same step. Call these on every process (restores
-are reads; the rename in `quarantine_step` is done by process 0 only, followed by a barrier).
+Several processes: every process calls `save` / `restore` (orbax is collective) and must restore
+the same step. Each holds the same state on its own devices, so the leaves are saved as global
+arrays replicated over every process's devices (`essa_jax.mesh.place`; orbax writes one replica,
+from process 0) and restored onto this process's first local device. Restores are reads; the
+rename in `quarantine_step` is done by process 0 only, followed by a barrier.
 """
 
 from __future__ import annotations
@@ -22,7 +30,14 @@ import warnings
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
+import jax
+import orbax.checkpoint as ocp
+from jax.sharding import NamedSharding, PartitionSpec
+
+from essa_jax.mesh import make_mesh, place
+
 T = TypeVar("T")
+CHECKPOINT_DIR = "checkpoints"
 _STEP_DIR = re.compile(r"^\d+$")
 
 
@@ -79,8 +94,6 @@ def quarantine_step(directory: str, step: int) -> str | None:
 
     Returns the new path on process 0 (None elsewhere, or when the step does not exist).
     """
-    import jax
-
     new = None
     src = os.path.join(directory, str(step))
     if jax.process_index() == 0 and os.path.isdir(src):
@@ -93,10 +106,67 @@ def quarantine_step(directory: str, step: int) -> str | None:
     return new
 
 
+class Checkpointer:
+    """Save / restore `(state pytree, meta dict)` pairs under `<workdir>/checkpoints/<step>`."""
+
+    def __init__(self, workdir: str, keep: int = 2):
+        directory = os.path.abspath(os.path.join(workdir, CHECKPOINT_DIR))
+        options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True)
+        self.directory = directory
+        self._mgr = ocp.CheckpointManager(directory, options=options, item_names=("state", "meta"))
+
+    def reload(self) -> None:
+        """Re-read the step list from disk (after steps were renamed or removed)."""
+        self._mgr.reload()
+
+    def latest_step(self) -> int | None:
+        return self._mgr.latest_step()
+
+    def save(self, step: int, state: Any, meta: dict[str, Any]) -> None:
+        """Write checkpoint `step` (blocks until it is finalised on disk)."""
+        if jax.process_count() > 1:
+            state = place(state, make_mesh())  # replicated over every process's devices
+        self._mgr.save(
+            step,
+            args=ocp.args.Composite(
+                state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)
+            ),
+            force=True,
+        )
+        self._mgr.wait_until_finished()
+
+    def restore(self, step: int, template: Any) -> tuple[Any, dict[str, Any]]:
+        """State (with the structure, shapes and dtypes of `template`) and meta of `step`.
+
+        `template` may be abstract (`jax.eval_shape` output): nothing is computed to restore.
+        """
+        abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, template)
+        multi = jax.process_count() > 1
+        if multi:
+            sharding = NamedSharding(make_mesh(), PartitionSpec())
+            abstract = jax.tree.map(
+                lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding), abstract
+            )
+        out = self._mgr.restore(
+            step,
+            args=ocp.args.Composite(
+                state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()
+            ),
+        )
+        state = out["state"]
+        if multi:
+            state = jax.tree.map(lambda a: a.addressable_data(0), state)
+        return state, dict(out["meta"])
+
+    def close(self) -> None:
+        self._mgr.wait_until_finished()
+        self._mgr.close()
+
+
 def restore_checkpointer_with_fallback(
     checkpointer: Any, directory: str, template: Any, *, quarantine: bool = True
 ) -> tuple[int, Any, dict] | None:
-    """Resume helper for `essa_jax.train.checkpoint.Checkpointer` (or anything with
+    """Resume helper for `Checkpointer` (or anything with
     ``restore(step, template) -> (state, meta)``): `(step, state, meta)` of the newest readable
     step in `directory`, or None. Broken newer steps are quarantined (so the resumed run can save
     those step numbers again); a manager that caches its step list must be reloaded afterwards.

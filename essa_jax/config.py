@@ -22,10 +22,7 @@ import ml_collections
 
 METHODS = ("essa", "grpo", "fgrpo", "svdgrpo", "sft")
 DTYPES = ("float32", "bfloat16")
-LORA_TARGETS = ("q", "k", "v", "o", "gate", "up", "down")
-LOSS_KINDS = ("grpo", "cispo")
-LOSS_AGGS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm")
-ADV_SCALES = ("group", "batch", "none")
+PROMPT_SAMPLINGS = ("shared", "per_candidate")
 # Placeholder for configs that need a user's local checkpoint or dataset: fails validation.
 UNSET = "<set me>"
 RANDOM_PREFIX = "random:"
@@ -57,7 +54,7 @@ def base_config() -> ml_collections.ConfigDict:
 
     c.model = ml_collections.ConfigDict()
     # HF checkpoint dir, .gguf file, "smollm2-135m-instruct" (embedded GGUF) or "random:<preset>"
-    # (a tiny random model + char tokenizer, for tests; presets in essa_jax.train.tiny).
+    # (a tiny random model + char tokenizer, for tests; presets in essa_jax.models.tiny).
     c.model.path = "smollm2-135m-instruct"
     # Tokenizer path; "" = the model's.
     c.model.tokenizer = ""
@@ -88,6 +85,7 @@ def base_config() -> ml_collections.ConfigDict:
     c.lora = ml_collections.ConfigDict()
     c.lora.rank = 4  # r
     c.lora.alpha = 8.0  # LoRA scale = alpha / r (PEFT's lora_alpha)
+    # Adapted projections: a subset of essa_jax.models.PROJECTIONS (q k v o gate up down).
     c.lora.targets = ("q", "k", "v", "o")
 
     c.sft = ml_collections.ConfigDict()
@@ -106,7 +104,8 @@ def base_config() -> ml_collections.ConfigDict:
     c.essa.population_size = 16  # lambda
     c.essa.prompts_per_candidate = 16  # fitness = mean reward on this many training prompts
     c.essa.generations = 40
-    # sigma_0 relative to the RMS of the SFT singular values (the genome is an offset on them).
+    # sigma_0, relative to EACH SFT singular value (not to their RMS): the strategy searches z and
+    # every evolved value is s = s_SFT (1 + z) (the ESSA loop's genomes), so 0.1 = a 10% step.
     c.essa.sigma_init = 0.1
     # Fraction of the top singular values per factor that are evolved (ESSA's alpha, 0 < a <= 1).
     c.essa.alpha = 1.0
@@ -115,26 +114,68 @@ def base_config() -> ml_collections.ConfigDict:
     c.essa.temperature = 1.0
     # Skip `tell` when every candidate scores the same (no ranking information; see essa.py).
     c.essa.skip_flat = True
-    # Devices the population is split over (evaluate_population shards members); 0 = all devices.
-    c.essa.population_devices = 1
+    # Fitness prompts of a generation: "shared" = every candidate scores on the same
+    # prompts_per_candidate prompts (candidates are ranked on identical problems); "per_candidate"
+    # = each candidate draws its own mini-batch, as the ESSA paper does (arXiv 2507.04453).
+    c.essa.prompt_sampling = "shared"
+    # Adam step size of strategy "openai_es" (OpenAI-ES's default 0.01); other strategies ignore it.
+    c.essa.learning_rate = 0.01
+
+    # The one device mesh of every program (essa_jax.mesh.make_mesh), over all processes' devices:
+    # axes (pop, data, model); the population axis gets every device left over, i.e.
+    # jax.device_count() / (data * model). A population that does not divide it is padded.
+    c.mesh = ml_collections.ConfigDict()
+    c.mesh.data = 1  # devices along the prompt (data) axis; must divide the device count
+    c.mesh.model = 1  # tensor-parallel axis, reserved: must be 1 (no sharded model yet)
 
     c.grpo = ml_collections.ConfigDict()
     c.grpo.steps = 40
     # Rollouts per step; must be a multiple of group_size (prompts per step = batch / group).
     c.grpo.batch_size = 32
     c.grpo.group_size = 8  # N
+    # Every field below is the essa_jax.rl.GRPOConfig field of the same name (grpo_config() maps
+    # them; adv_scale -> advantage, focal_gamma -> gamma), and GRPOConfig validates them.
     c.grpo.learning_rate = 1e-4
     c.grpo.weight_decay = 0.01
     c.grpo.max_grad_norm = 1.0
-    c.grpo.loss = "grpo"  # "grpo" (clipped ratio) or "cispo"
+    c.grpo.adam_b1 = 0.9  # AdamW beta_1
+    c.grpo.adam_b2 = 0.999  # AdamW beta_2
+    c.grpo.adam_eps = 1e-8  # AdamW epsilon
+    # Optimisation passes over each rollout batch (TRL's num_iterations); > 1 = off-policy updates,
+    # with the ratio clipped (old log-probs from one extra teacher-forced pass).
+    c.grpo.epochs = 1
+    c.grpo.num_minibatches = 1  # updates per pass; must divide batch_size
+    # Policy loss, one of essa_jax.rl.LOSS_KINDS: "grpo" (clipped ratio; DAPO = "grpo" with
+    # eps_high 0.28) or "cispo" (clipped detached IS weight; the paper's eps 1.0 / 5.0).
+    c.grpo.loss = "grpo"
     c.grpo.eps_low = 0.2
     c.grpo.eps_high = 0.2  # 0.28 = DAPO clip-higher
+    # One of essa_jax.rl.AGGREGATIONS: "token_mean", "seq_mean_token_mean" (GRPO),
+    # "seq_mean_token_sum_norm" (Dr.GRPO: token sum / (B * max_len)).
     c.grpo.agg = "token_mean"
-    c.grpo.adv_scale = "group"  # "group" (GRPO), "batch", "none" (Dr.GRPO)
-    # Focal exponent gamma of F-GRPO: advantages of a group times (1 - mu)^gamma; 0 = GRPO.
+    # Dr.GRPO's constant length normaliser of "seq_mean_token_sum_norm"; None = max_new_tokens.
+    c.grpo.max_len = ml_collections.config_dict.placeholder(int)
+    # Advantage estimator, a name of essa_jax.rl.estimator_names(): "group" (GRPO), "batch",
+    # "none" (Dr.GRPO, no std division).
+    c.grpo.adv_scale = "group"
+    c.grpo.adv_eps = 1e-6  # added to the reward std (outside the square root)
+    c.grpo.adv_ddof = 1  # 1 = Bessel-corrected std (TRL), 0 = population std
+    # Focal exponent gamma of F-GRPO: advantages of a group times (1 - mu)^gamma (the advantage
+    # weighting "focal", used by method "fgrpo"); 0 = GRPO.
     c.grpo.focal_gamma = 0.0
-    c.grpo.beta = 0.0  # KL weight to the SFT policy (k3 estimator); 0 = no KL, no reference pass
+    # Rewards of a correct / wrong rollout: define the success rate mu of the focal weight.
+    c.grpo.r_correct = 1.0
+    c.grpo.r_wrong = 0.0
+    # k3 KL weight to the BASE model (the adapter disabled), not the SFT policy; 0 = no KL, no
+    # reference pass.
+    c.grpo.beta = 0.0
+    # Rollout sampling (length: generation.max_new_tokens).
     c.grpo.temperature = 1.0
+    c.grpo.top_k = 0  # 0 = no top-k truncation
+    c.grpo.top_p = 1.0  # 1 = no nucleus truncation
+    # Old log-probs from the sampler (KV-cache decode) instead of a teacher-forced recomputation;
+    # saves a forward pass when epochs * num_minibatches > 1, exact only to float rounding.
+    c.grpo.use_generation_logprobs = False
 
     c.generation = ml_collections.ConfigDict()
     # New tokens per rollout (training and evaluation); the add_2d answer is 2-3 digits + EOS.
@@ -168,17 +209,7 @@ def model_dims(config) -> dict[str, tuple[int, int]] | None:
     mcfg = peek_model_config(config.model.path)
     if mcfg is None:
         return None
-    d, i, hd = mcfg.hidden_size, mcfg.intermediate_size, mcfg.head_dim
-    q, kv = mcfg.num_heads * hd, mcfg.num_kv_heads * hd
-    return {
-        "q": (d, q),
-        "k": (d, kv),
-        "v": (d, kv),
-        "o": (q, d),
-        "gate": (d, i),
-        "up": (d, i),
-        "down": (i, d),
-    }
+    return mcfg.projection_shapes()
 
 
 @functools.lru_cache(maxsize=16)
@@ -187,7 +218,7 @@ def peek_model_config(path: str):
     from essa_jax.models.config import ModelConfig
 
     if path.startswith(RANDOM_PREFIX):
-        from essa_jax.train.tiny import tiny_model_config
+        from essa_jax.models.tiny import tiny_model_config
 
         return tiny_model_config(path[len(RANDOM_PREFIX) :])
     if os.path.isdir(path) and os.path.exists(os.path.join(path, "config.json")):
@@ -227,7 +258,7 @@ def _check_model_path(path: str) -> None:
             "set --config.model.path=/path/to/checkpoint (nothing is downloaded at run time)",
         )
     if path.startswith(RANDOM_PREFIX):
-        from essa_jax.train.tiny import TINY_PRESETS
+        from essa_jax.models.tiny import TINY_PRESETS
 
         _check_choice("model.path", path, [RANDOM_PREFIX + p for p in TINY_PRESETS])
         return
@@ -247,12 +278,57 @@ def _check_model_path(path: str) -> None:
         )
 
 
+def check_task_config(task) -> None:
+    """Validate `config.task` (name / path, prompt format, reward) without reading the data."""
+    from essa_jax.data import PROMPT_FORMATS, is_generated_task
+    from essa_jax.rewards import REWARDS
+
+    if task.prompt_format not in PROMPT_FORMATS:
+        raise ConfigError(
+            "task.prompt_format", task.prompt_format, " | ".join(map(repr, PROMPT_FORMATS))
+        )
+    if task.reward and task.reward not in REWARDS:
+        raise ConfigError("task.reward", task.reward, "'' (by format) | " + " | ".join(REWARDS))
+    if is_generated_task(task.name) and not task.path:
+        return
+    for field, path in (("task.path", task.path), ("task.eval_path", task.eval_path)):
+        if field == "task.eval_path" and not path:
+            continue
+        if not path or UNSET in path or not os.path.exists(path):
+            raise ConfigError(
+                field,
+                path,
+                "an existing local dataset file or folder",
+                f"task {task.name!r} is read from disk: set --config.{field}=/path/to/data "
+                "(nothing is downloaded at run time); generated tasks need no path: add_<n>d, "
+                "sub_<n>d, mul_<n>d, arith_mixed, word_problems",
+            )
+    if not task.eval_path and not 0.0 < task.eval_fraction < 1.0:
+        raise ConfigError(
+            "task.eval_fraction", task.eval_fraction, "0 < f < 1 (held-out split of task.path)"
+        )
+
+
+def _check_mesh(mesh, num_devices: int) -> None:
+    """`config.mesh` against the device count of all processes (essa_jax.mesh.make_mesh)."""
+    data, model = mesh.data, mesh.model
+    if isinstance(data, bool) or not isinstance(data, int) or data < 1 or num_devices % data:
+        divisors = [d for d in range(1, num_devices + 1) if num_devices % d == 0]
+        raise ConfigError(
+            "mesh.data",
+            data,
+            f"divisors of the {num_devices} device(s) of all processes: {divisors}",
+            "the population axis gets the remaining devices, device_count / mesh.data",
+        )
+    if model != 1 or isinstance(model, bool):
+        raise ConfigError("mesh.model", model, "1 (a model axis is not implemented yet)")
+
+
 def validate_config(config, num_devices: int | None = None) -> None:
     """Check every field against the others and the model's dims; raise ConfigError on the first.
 
     Runs before any weight is loaded or any function compiled. `num_devices` defaults to
-    `jax.local_device_count()`: each process splits its share of the population over its own
-    devices (across processes only the fitness vector travels).
+    `jax.device_count()`: the run's one mesh spans every process's devices.
     """
     _check_choice("method", config.method, METHODS)
     _check_choice("model.dtype", config.model.dtype, DTYPES)
@@ -262,22 +338,22 @@ def validate_config(config, num_devices: int | None = None) -> None:
     _check_positive("max_wall_seconds", config.max_wall_seconds, allow_zero=True)
 
     # Task.
-    from essa_jax.train.tasks import check_task_config
-
     check_task_config(config.task)
     _check_positive("task.num_train", config.task.num_train)
     _check_positive("task.num_heldout", config.task.num_heldout)
     _check_positive("task.max_prompt_tokens", config.task.max_prompt_tokens)
     _check_positive("generation.max_new_tokens", config.generation.max_new_tokens)
 
-    # LoRA.
+    # LoRA: the targets are the model's projections.
+    from essa_jax.models.config import PROJECTIONS
+
     targets = tuple(config.lora.targets)
     if (
         not targets
-        or any(t not in LORA_TARGETS for t in targets)
+        or any(t not in PROJECTIONS for t in targets)
         or len(set(targets)) != len(targets)
     ):
-        raise ConfigError("lora.targets", targets, f"non-empty distinct subsets of {LORA_TARGETS}")
+        raise ConfigError("lora.targets", targets, f"non-empty distinct subsets of {PROJECTIONS}")
     if not isinstance(config.lora.rank, int) or config.lora.rank < 1:
         raise ConfigError("lora.rank", config.lora.rank, "integers >= 1")
     _check_positive("lora.alpha", config.lora.alpha)
@@ -305,29 +381,15 @@ def validate_config(config, num_devices: int | None = None) -> None:
     _check_positive("sft.learning_rate", config.sft.learning_rate)
 
     num_devices = _device_count() if num_devices is None else num_devices
+    _check_mesh(config.mesh, num_devices)
     if config.method == "essa":
         e = config.essa
         from essa_jax.es import get_strategy  # noqa: F401 - import error names the missing package
 
         if not isinstance(e.population_size, int) or e.population_size < 2:
             raise ConfigError("essa.population_size", e.population_size, "integers >= 2")
-        if not isinstance(e.population_devices, int) or not 0 <= e.population_devices:
-            raise ConfigError("essa.population_devices", e.population_devices, "integers >= 0")
-        shards = num_devices if e.population_devices == 0 else e.population_devices
-        if shards > num_devices:
-            raise ConfigError(
-                "essa.population_devices",
-                e.population_devices,
-                f"0..{num_devices} (this process's devices)",
-            )
-        if e.population_size % shards:
-            valid = [p for p in range(shards, 4 * shards + 1, shards)]
-            raise ConfigError(
-                "essa.population_size",
-                e.population_size,
-                f"multiples of {shards} (the population is split over {shards} device(s)), "
-                f"e.g. {valid}",
-            )
+        _check_choice("essa.prompt_sampling", e.prompt_sampling, PROMPT_SAMPLINGS)
+        _check_positive("essa.learning_rate", e.learning_rate)
         if e.mirrored and e.strategy != "cma_es":
             raise ConfigError(
                 "essa.mirrored", e.mirrored, "False for strategy " + repr(e.strategy),
@@ -350,22 +412,6 @@ def validate_config(config, num_devices: int | None = None) -> None:
     if config.method in ("grpo", "fgrpo", "svdgrpo"):
         g = config.grpo
         _check_positive("grpo.steps", g.steps)
-        if not isinstance(g.group_size, int) or g.group_size < 2:
-            raise ConfigError(
-                "grpo.group_size", g.group_size, "integers >= 2 (group-relative advantages)"
-            )
-        if not isinstance(g.batch_size, int) or g.batch_size % g.group_size or g.batch_size <= 0:
-            raise ConfigError(
-                "grpo.batch_size",
-                g.batch_size,
-                f"positive multiples of grpo.group_size={g.group_size}",
-            )
-        _check_positive("grpo.learning_rate", g.learning_rate)
-        _check_choice("grpo.loss", g.loss, LOSS_KINDS)
-        _check_choice("grpo.agg", g.agg, LOSS_AGGS)
-        _check_choice("grpo.adv_scale", g.adv_scale, ADV_SCALES)
-        _check_positive("grpo.focal_gamma", g.focal_gamma, allow_zero=True)
-        _check_positive("grpo.beta", g.beta, allow_zero=True)
         if config.method in ("grpo", "svdgrpo") and g.focal_gamma != 0:
             raise ConfigError(
                 "grpo.focal_gamma",
@@ -376,6 +422,26 @@ def validate_config(config, num_devices: int | None = None) -> None:
         if config.method == "fgrpo" and g.focal_gamma == 0:
             raise ConfigError(
                 "grpo.focal_gamma", 0.0, "> 0 for method 'fgrpo' (0 is plain GRPO)", "e.g. 0.5"
+            )
+        # The RL settings validate themselves: GRPOConfig's error names its field.
+        from essa_jax.rl import GRPOConfigError
+
+        try:
+            grpo_config(config)
+        except GRPOConfigError as e:
+            field = GRPO_CONFIG_FIELDS.get(e.field, "grpo." + e.field)
+            raise ConfigError(field, e.value, e.valid, e.hint) from e
+        if not isinstance(g.batch_size, int) or g.batch_size % g.group_size or g.batch_size <= 0:
+            raise ConfigError(
+                "grpo.batch_size",
+                g.batch_size,
+                f"positive multiples of grpo.group_size={g.group_size}",
+            )
+        if g.batch_size % g.num_minibatches:
+            raise ConfigError(
+                "grpo.num_minibatches",
+                g.num_minibatches,
+                f"divisors of grpo.batch_size={g.batch_size} (the rollouts of a step)",
             )
     ev = config.eval
     _check_positive("eval.every", ev.every, allow_zero=True)
@@ -391,10 +457,43 @@ def validate_config(config, num_devices: int | None = None) -> None:
     _check_positive("checkpoint.keep", config.checkpoint.keep)
 
 
+# Where the experiment config holds each essa_jax.rl.GRPOConfig field other than grpo.<same name>.
+# "method": the weighting is "focal" for method "fgrpo", else "none" (validate_config checks that
+# focal_gamma is > 0 exactly for fgrpo).
+GRPO_CONFIG_FIELDS = {
+    "advantage": "grpo.adv_scale",
+    "gamma": "grpo.focal_gamma",
+    "max_new_tokens": "generation.max_new_tokens",
+    "weighting": "method",
+}
+
+
+def grpo_config(config):
+    """The essa_jax.rl.GRPOConfig of an experiment config: every field of it, read mechanically
+    from `config.grpo.<field>` or the place GRPO_CONFIG_FIELDS names. Raises GRPOConfigError (a
+    ValueError naming the GRPOConfig field) on an invalid value; validate_config turns it into a
+    ConfigError naming the config field."""
+    import dataclasses
+
+    from essa_jax.rl import GRPOConfig
+
+    kwargs = {}
+    for f in dataclasses.fields(GRPOConfig):
+        path = GRPO_CONFIG_FIELDS.get(f.name, "grpo." + f.name)
+        if path == "method":
+            kwargs[f.name] = "focal" if config.method == "fgrpo" else "none"
+            continue
+        block, name = path.split(".")
+        if name not in config[block]:
+            raise KeyError(f"GRPOConfig.{f.name} has no config field {path}: add it to base_config")
+        kwargs[f.name] = config[block][name]
+    return GRPOConfig(**kwargs)
+
+
 def _device_count() -> int:
     import jax
 
-    return jax.local_device_count()
+    return jax.device_count()
 
 
 def load_config_file(path: str, *args: str) -> ml_collections.ConfigDict:

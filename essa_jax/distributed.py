@@ -1,10 +1,11 @@
-"""Multi-process (multi-host) JAX for ESSA and GRPO: start-up, the global mesh, fitness gather.
+"""Multi-process (multi-host) JAX: start-up, process identity, shutdown. Nothing else.
 
-ESSA distributes like the paper (arXiv 2507.04453, Sec. 3 "Distributed implementation"): every
-process holds the same strategy state and PRNG key, regenerates the whole population locally,
-evaluates only its shard of members, all-gathers the fitness vector (P floats) and applies the
-identical update.
-Nothing else travels between processes, so a process never needs anyone else's parameters.
+What travels between processes, and how, is decided by the programs that use the processes'
+devices: ESSA's population step (`essa_jax.population`, docs/ARCHITECTURE.md "Several processes")
+runs on one mesh over every process's devices (`essa_jax.mesh.make_mesh`): every process holds the
+same strategy state and PRNG key, regenerates the whole population, generates and scores only the
+rows on its own devices, and all-gathers the per-row rewards (a few floats per rollout, ESSA
+arXiv 2507.04453, Sec. 3 "Distributed implementation"), then applies the identical update.
 
 This module wraps `jax.distributed.initialize` (multi-controller JAX; gloo collectives on CPU, so
 several processes on one machine over 127.0.0.1 behave like hosts of a cluster) with:
@@ -17,11 +18,7 @@ several processes on one machine over 127.0.0.1 behave like hosts of a cluster) 
   `DistributedInitError` naming the coordinator, the process and the count it waited for, instead of
   hanging; a peer that stops heart-beating for ``heartbeat_timeout_s`` makes the coordination
   service abort the survivors (JAX's own behaviour, here with a short default);
-- `is_main_process()` for process-0-only side effects (checkpoints, logs, result files);
-- `global_mesh(...)`: a ("pop", "data") mesh over every process's devices (Auto axes);
-- `allgather_fitness(...)`: each process's fitness shard -> the full [P] vector on every process
-  (the whole ask / evaluate-my-shard / gather / tell step is
-  `essa_jax.es.distributed.evaluate_across_processes`, which this module does not duplicate).
+- `is_main_process()` for process-0-only side effects (checkpoints, logs, result files).
 
 Call `initialize(...)` (or `initialize_from_flags()`) before any other JAX call in the process.
 """
@@ -38,8 +35,6 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
-
 logger = logging.getLogger(__name__)
 
 ENV_COORDINATOR = "JAX_COORDINATOR_ADDRESS"
@@ -49,10 +44,6 @@ ENV_PROCESS_ID = "JAX_PROCESS_ID"
 DEFAULT_TIMEOUT_S = 120
 DEFAULT_HEARTBEAT_TIMEOUT_S = 60
 DEFAULT_SHUTDOWN_TIMEOUT_S = 60
-# The mesh axis names, shared with essa_jax.population.mesh: a global mesh plugs into
-# population_generate.
-POPULATION_AXIS = "pop"
-DATA_AXIS = "data"
 
 
 # Exit status of a process whose peers did not all connect within timeout_s (EX_TEMPFAIL: retry).
@@ -370,105 +361,3 @@ def initialize_from_flags(flag_values: Any = None) -> ProcessInfo:
             heartbeat_timeout_s=fv.heartbeat_timeout_s,
         )
     return initialize(**kw)
-
-
-# ---------------------------------------------------------------------------------------------
-# mesh and the fitness gather
-
-
-def global_mesh(
-    population: int | None = None,
-    data: int = 1,
-    *,
-    population_axis: str = POPULATION_AXIS,
-    data_axis: str = DATA_AXIS,
-    devices: Sequence[Any] | None = None,
-):
-    """A 2-D (population, data) mesh over the devices of every process, Auto axis types.
-
-    Args:
-      population: devices along the population axis; default all devices / ``data``.
-      data: devices along the data (prompts) axis.
-      devices: the devices to use (default ``jax.devices()``: all processes').
-
-    The population axis is the outer one, so with the default device order each process's devices
-    hold a contiguous block of population members (the shard a process evaluates).
-    """
-    import jax
-    from jax.sharding import AxisType, Mesh
-
-    devs = list(jax.devices() if devices is None else devices)
-    n = len(devs)
-    if isinstance(data, bool) or not isinstance(data, int) or data < 1 or n % data:
-        raise ValueError(f"data={data!r} is invalid: valid values are divisors of {n} (devices)")
-    if population is None:
-        population = n // data
-    if population * data != n:
-        raise ValueError(
-            f"population={population!r} x data={data} must equal the {n} devices of the run; "
-            f"valid population values for data={data}: {n // data}"
-        )
-    # Keep jax.devices()' order (process-major): a process's devices stay adjacent in the mesh.
-    arr = np.array(devs, dtype=object).reshape(population, data)
-    return Mesh(arr, (population_axis, data_axis), axis_types=(AxisType.Auto, AxisType.Auto))
-
-
-def allgather_fitness(local_fitness: Any) -> np.ndarray:
-    """Concatenate every process's fitness shard, in process order, onto every process.
-
-    Args:
-      local_fitness: this process's fitness values, shape [P_local] (same length on every process).
-
-    Returns:
-      numpy [num_processes * P_local], identical on every process. Only these P floats cross
-      process boundaries (ESSA, Sec. 3); with one process it is the input.
-    """
-    import jax
-    from jax.experimental import multihost_utils
-
-    local = np.asarray(local_fitness)
-    if local.ndim != 1:
-        raise ValueError(f"local_fitness must have shape [P_local], got {local.shape}")
-    if jax.process_count() == 1:
-        return local
-    return np.asarray(multihost_utils.process_allgather(local, tiled=True))
-
-
-def replicate(x: Any, mesh: Any) -> Any:
-    """A global (possibly population-sharded) array, fully replicated over `mesh`: the fitness
-    gather of a mesh-wide evaluation, as one all-gather in a compiled program."""
-    import jax
-    from jax.sharding import NamedSharding, PartitionSpec
-
-    return jax.jit(lambda a: a, out_shardings=NamedSharding(mesh, PartitionSpec()))(x)
-
-
-def host_to_global(tree: Any, mesh: Any, spec: Any = None) -> Any:
-    """Every leaf of a pytree that each process holds identically (same value everywhere: the
-    shared ESSA state, a population regenerated from the shared key, replicated weights) as a
-    global jax.Array over `mesh` with PartitionSpec `spec` (default: replicated). No data moves
-    between processes: each process fills its own devices' shards from its local copy."""
-    import jax
-    from jax.sharding import NamedSharding, PartitionSpec
-
-    sharding = NamedSharding(mesh, PartitionSpec() if spec is None else spec)
-
-    def put(x: Any) -> Any:
-        host = np.asarray(x)
-        return jax.make_array_from_callback(host.shape, sharding, lambda idx: host[idx])
-
-    return jax.tree.map(put, tree)
-
-
-def local_population_slice(population_size: int) -> slice:
-    """The members this process evaluates when P is split evenly over processes (process order)."""
-    import jax
-
-    n, i = jax.process_count(), jax.process_index()
-    if population_size % n:
-        raise ValueError(
-            f"population_size={population_size} must be a multiple of the {n} processes "
-            f"(valid: {', '.join(str(n * k) for k in range(1, 5))}, ...)"
-        )
-    k = population_size // n
-    return slice(i * k, (i + 1) * k)

@@ -3,6 +3,8 @@ with a message naming the field, the value and what would be valid."""
 
 import glob
 import os
+import subprocess
+import sys
 
 import pytest
 from absl import flags
@@ -35,12 +37,42 @@ def test_valid_tiny_config_passes():
     validate_config(tiny(), num_devices=8)
 
 
-def test_population_not_divisible_by_devices():
-    e = _error(tiny(**{"essa.population_size": 6, "essa.population_devices": 4}), num_devices=8)
-    assert e.field == "essa.population_size"
-    assert "6" in str(e) and "multiples of 4" in str(e)
-    e = _error(tiny(**{"essa.population_devices": 0, "essa.population_size": 12}), num_devices=8)
-    assert "multiples of 8" in str(e)
+def test_mesh_data_divides_the_devices_and_no_model_axis():
+    # The population axis takes the remaining devices and pads: any population size is valid.
+    validate_config(tiny(**{"essa.population_size": 6}), num_devices=8)
+    validate_config(tiny(**{"mesh.data": 4, "essa.population_size": 6}), num_devices=8)
+    e = _error(tiny(**{"mesh.data": 3}), num_devices=8)
+    assert e.field == "mesh.data" and "3" in str(e) and "[1, 2, 4, 8]" in str(e)
+    assert _error(tiny(**{"mesh.data": 0}), num_devices=8).field == "mesh.data"
+    e = _error(tiny(**{"mesh.model": 2}), num_devices=8)
+    assert e.field == "mesh.model"
+    assert "valid values are 1 (a model axis is not implemented yet)" in str(e)
+    assert "population_devices" not in tiny().essa
+
+
+def test_prompt_sampling_and_openai_es_learning_rate():
+    for mode in ("shared", "per_candidate"):
+        validate_config(tiny(**{"essa.prompt_sampling": mode}))
+    assert tiny().essa.prompt_sampling == "shared"
+    e = _error(tiny(**{"essa.prompt_sampling": "per_member"}))
+    assert e.field == "essa.prompt_sampling" and "'per_candidate'" in str(e)
+    for name in ("essa_qwen2p5_7b_gsm8k.py", "essa_qwen2p5_32b_prm800k.py"):
+        assert load_config_file(os.path.join(CONFIGS, name)).essa.prompt_sampling == "per_candidate"
+    validate_config(tiny(**{"essa.strategy": "openai_es", "essa.learning_rate": 0.05}))
+    e = _error(tiny(**{"essa.strategy": "openai_es", "essa.learning_rate": 0.0}))
+    assert e.field == "essa.learning_rate" and "> 0" in str(e)
+
+
+def test_config_module_imports_no_training_loop():
+    # essa_jax.config sits below the loops: validating a config must not import essa_jax.train.
+    code = (
+        "import sys; from essa_jax.config import base_config, validate_config\n"
+        "c = base_config(); c.model.path = 'random:tiny'; validate_config(c, num_devices=1)\n"
+        "bad = sorted(m for m in sys.modules if m.startswith(('essa_jax.train', "
+        "'essa_jax.population')))\n"
+        "assert not bad, bad\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
 
 
 def test_missing_data_path():

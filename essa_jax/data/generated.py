@@ -4,7 +4,7 @@
 
 Names: add_<n>d, sub_<n>d, mul_<n>d, arith_mixed[_l1|_l2|_l3] (see `arithmetic`) and
 word_problems[_l1|_l2|_l3] (see `word_problems`). Train and eval are disjoint and deterministic per
-seed; `prompt` is set to the question (docs/INTERFACES.md).
+seed; `prompt` is set to the question (docs/ARCHITECTURE.md).
 """
 
 from __future__ import annotations

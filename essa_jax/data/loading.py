@@ -16,7 +16,7 @@ or a folder written by `Dataset.save_to_disk` / `DatasetDict.save_to_disk` (pick
 Everything is local; set HF_DATASETS_OFFLINE=1 to be sure nothing is fetched.
 
 A normalised example is a dict with `id` (str), `question` (str), `prompt` (= question, the
-docs/INTERFACES.md name), `answer` (str, non-empty) and `solution` (str) when the source has one,
+docs/ARCHITECTURE.md name), `answer` (str, non-empty) and `solution` (str) when the source has one,
 plus any `extra_fields` copied as they are. Malformed rows (missing or empty field, a non-string
 question, a non-string non-numeric answer, no extractable answer) raise `MalformedRowError` naming
 the file and row index (`on_malformed="error"`), or are skipped and listed in the `LoadReport`

@@ -5,10 +5,13 @@
     population = strategy.ask(key, state)              # [P, D], pure in (key, state)
     state = strategy.tell(state, population, fitness)  # fitness [P], larger is better
 
-Strategies know nothing about models; see `base` for the contract a user's own variant follows.
+Strategies know nothing about models; see `base` for the contract a user's own variant follows
+(the `Strategy` protocol). The built-in strategies subclass `base.BaseStrategy`, which does the
+bookkeeping they share (best-so-far, non-finite counts, skipped generations, counters, metrics);
+each strategy's module holds only its own distribution update.
 """
 
-from essa_jax.es.base import Strategy
+from essa_jax.es.base import BaseStrategy, Strategy
 from essa_jax.es.cma_es import CMAES, CMAESState
 from essa_jax.es.openai_es import OpenAIES, OpenAIESState
 from essa_jax.es.registry import STRATEGIES, get_strategy, register_strategy
@@ -16,6 +19,7 @@ from essa_jax.es.sep_cma_es import SepCMAES, SepCMAESState
 from essa_jax.es.shaping import SHAPING_FNS, centred_ranks, get_shaping_fn, ranks, raw, z_score
 
 __all__ = [
+    "BaseStrategy",
     "CMAES",
     "CMAESState",
     "OpenAIES",

@@ -12,14 +12,25 @@ frozen dataclasses whose fields are the (static) hyper-parameters, so a strategy
 closed over or passed as a static argument, and its public methods are jitted; the state is a
 flax.struct dataclass pytree, so it can be vmapped (independent runs), scanned (many generations),
 and checkpointed. A user's own strategy plugs in by providing the same three methods plus the
-attributes `num_dims` and `population_size`.
+attributes `num_dims` and `population_size` (the `Strategy` protocol); it need not subclass
+anything.
+
+The built-in strategies (CMA-ES, sep-CMA-ES, OpenAI-ES) subclass `BaseStrategy`, which holds the
+bookkeeping they share, as evosax's base class does: `init` builds the common state fields,
+`tell` checks shapes, tracks the best-so-far member, counts non-finite fitness, decides whether
+the generation carries any information (`skip`), advances the counter and records ||m' - m||;
+`metrics` returns the common scalars. A subclass writes only its own distribution update (`_tell`),
+its extra state fields (`_init`) and its extra metrics (`_metrics`).
 """
 
 from __future__ import annotations
 
+import abc
 import math
-from typing import Any, Protocol, runtime_checkable
+from functools import partial
+from typing import Any, ClassVar, Generic, Protocol, TypeVar, runtime_checkable
 
+import chex
 import jax
 import jax.numpy as jnp
 
@@ -38,6 +49,102 @@ class Strategy(Protocol):
     def ask(self, key: jax.Array, state: Any) -> jax.Array: ...
 
     def tell(self, state: Any, population: jax.Array, fitness: jax.Array) -> Any: ...
+
+
+StateT = TypeVar("StateT")
+
+
+class BaseStrategy(abc.ABC, Generic[StateT]):
+    """The bookkeeping every built-in strategy shares (the evosax split: the base class does the
+    bookkeeping, a strategy only its own update). Subclasses are frozen dataclasses with the
+    fields `num_dims`, `population_size` and `sigma_init`, and set `state_type` to a flax.struct
+    dataclass with the fields `mean`, `sigma`, the `BOOKKEEPING` fields and their own.
+
+    Hooks a subclass provides:
+      _init(key, mean) -> dict: its own initial state fields (everything but mean, sigma and the
+        bookkeeping fields);
+      ask(key, state) -> population [P, D];
+      _tell(state, population, fitness, skip) -> state: its distribution update; `skip` is true
+        when no fitness is finite, and the returned distribution must then equal the input's;
+      _metrics(state) -> dict: its own scalars to log (optional).
+    """
+
+    # generation [] (completed tells); best_member [D], best_fitness [] (best seen so far, -inf
+    # before any finite fitness); generation_best_fitness [] (this generation's, -inf when none is
+    # finite); num_nonfinite [] (non-finite fitness values this generation); update_norm []
+    # (||m' - m|| of the last generation that had a finite fitness).
+    BOOKKEEPING: ClassVar[tuple[str, ...]] = (
+        "generation",
+        "best_member",
+        "best_fitness",
+        "generation_best_fitness",
+        "num_nonfinite",
+        "update_norm",
+    )
+    state_type: ClassVar[type]
+    num_dims: int
+    population_size: int
+    sigma_init: float
+
+    @partial(jax.jit, static_argnums=0)
+    def init(self, key: jax.Array, mean: jax.Array) -> StateT:
+        """Initial state around `mean` [D] with sigma = sigma_init and empty bookkeeping."""
+        mean = check_mean(mean, self.num_dims)
+        dt = mean.dtype
+        return self.state_type(
+            mean=mean,
+            sigma=jnp.asarray(self.sigma_init, dt),
+            **self._init(key, mean),
+            generation=jnp.zeros((), jnp.int32),
+            best_member=mean,
+            best_fitness=jnp.asarray(-jnp.inf, dt),
+            generation_best_fitness=jnp.asarray(-jnp.inf, dt),
+            num_nonfinite=jnp.zeros((), jnp.int32),
+            update_norm=jnp.zeros((), dt),
+        )
+
+    @abc.abstractmethod
+    def ask(self, key: jax.Array, state: StateT) -> jax.Array:
+        """Candidates [P, D]; a pure function of (key, state)."""
+
+    @partial(jax.jit, static_argnums=0)
+    def tell(self, state: StateT, population: jax.Array, fitness: jax.Array) -> StateT:
+        """Update from `population` [P, D] and `fitness` [P] (MAXIMISED).
+
+        The best-so-far is taken over the whole population (non-finite fitness ignored) before the
+        strategy's own update; a generation with no finite fitness (`skip`) leaves the
+        distribution untouched and only advances the counter and the bookkeeping."""
+        check_tell_shapes(population, fitness, self.population_size, self.num_dims)
+        best_member, best_fitness, gen_best = update_best(
+            state.best_member, state.best_fitness, population, fitness
+        )
+        num_bad = count_nonfinite(fitness)
+        skip = num_bad == self.population_size  # nothing finite to learn from
+        new = self._tell(state, population, fitness, skip)
+        return new.replace(
+            generation=state.generation + 1,
+            best_member=best_member,
+            best_fitness=best_fitness,
+            generation_best_fitness=gen_best,
+            num_nonfinite=num_bad,
+            update_norm=jnp.where(skip, state.update_norm, jnp.linalg.norm(new.mean - state.mean)),
+        )
+
+    def metrics(self, state: StateT) -> dict[str, jax.Array]:
+        """Scalars worth logging: step size, the strategy's own (`_metrics`), the bookkeeping."""
+        common = {k: getattr(state, k) for k in self.BOOKKEEPING if k != "best_member"}
+        return {"sigma": state.sigma, **self._metrics(state), **common}
+
+    @abc.abstractmethod
+    def _init(self, key: jax.Array, mean: jax.Array) -> dict[str, Any]: ...
+
+    @abc.abstractmethod
+    def _tell(
+        self, state: StateT, population: jax.Array, fitness: jax.Array, skip: jax.Array
+    ) -> StateT: ...
+
+    def _metrics(self, state: StateT) -> dict[str, jax.Array]:
+        return {}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -72,20 +179,22 @@ def check_rate(name: str, value: Any, *, upper_inclusive: bool = True) -> float:
 
 def check_mean(mean: jax.Array, num_dims: int) -> jax.Array:
     mean = jnp.asarray(mean)
-    if mean.shape != (num_dims,):
-        raise ValueError(f"mean must have shape ({num_dims},) (num_dims), got {mean.shape}")
+    _check_shape("mean", mean, (num_dims,), "(num_dims)")
     if not jnp.issubdtype(mean.dtype, jnp.floating):
         mean = mean.astype(jnp.result_type(float))
     return mean
 
 
 def check_tell_shapes(population: jax.Array, fitness: jax.Array, p: int, d: int) -> None:
-    if population.shape != (p, d):
-        raise ValueError(f"population must have shape ({p}, {d}), got {population.shape}")
-    if fitness.shape != (p,):
-        raise ValueError(
-            f"fitness must have shape ({p},) (one value per member), got {fitness.shape}"
-        )
+    _check_shape("population", population, (p, d), "(population_size, num_dims)")
+    _check_shape("fitness", fitness, (p,), "(one value per member)")
+
+
+def _check_shape(name: str, x: jax.Array, shape: tuple[int, ...], what: str) -> None:
+    """chex.assert_shape raising ValueError: '... input 0 has shape (4,) but expected (3). [mean
+    must have shape (3,) (num_dims)]'. Static: it runs at trace time, under jit as well."""
+    msg = f"{name} must have shape {shape} {what}"
+    chex.assert_shape(x, shape, custom_message=msg, exception_type=ValueError)
 
 
 def default_population_size(num_dims: int) -> int:
@@ -97,14 +206,17 @@ def default_population_size(num_dims: int) -> int:
 # pieces shared by the tell functions
 
 
-def sort_best_first(fitness: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """Indices that sort the population best-first, and the count of non-finite fitness values.
+def sort_best_first(fitness: jax.Array) -> jax.Array:
+    """Indices that sort the population best-first. [P] -> [P] int.
 
     Non-finite fitness counts as -inf, so such candidates sort last (ties keep population order).
     """
-    f = finite_or_worst(fitness)
-    order = jnp.argsort(-f, stable=True)
-    return order, jnp.sum(~jnp.isfinite(fitness)).astype(jnp.int32)
+    return jnp.argsort(-finite_or_worst(fitness), stable=True)
+
+
+def count_nonfinite(fitness: jax.Array) -> jax.Array:
+    """How many fitness values are NaN or +-inf. [P] -> [] int32."""
+    return jnp.sum(~jnp.isfinite(fitness)).astype(jnp.int32)
 
 
 def update_best(

@@ -23,6 +23,11 @@ several:
 - Fitness is MAXIMISED: candidates are ranked best = largest fitness. Non-finite fitness ranks last;
   a generation with no finite fitness leaves the distribution (mean, sigma, paths, C, B, D)
   untouched and only advances the counter and the metrics.
+
+The bookkeeping shared with the other strategies (shape checks, best-so-far, non-finite count, the
+no-finite-fitness skip, generation counter, update norm, common metrics and initial fields) lives
+in `essa_jax.es.base.BaseStrategy`; this module holds the CMA-ES update only: pairwise selection,
+Eqs. (41)-(47) and the lazy eigendecomposition.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from functools import partial
+from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -44,9 +50,8 @@ class CMAESState:
 
     mean [D]; sigma [] (step size); p_sigma [D], p_c [D] (evolution paths); C [D, D] (covariance);
     B [D, D], D [D] (eigenvectors and square-rooted eigenvalues of C at the last refresh, the
-    tutorial's B and D); generation [] (completed tells); best_member [D], best_fitness [] (best
-    seen so far, -inf before any finite fitness); generation_best_fitness [] (this generation's);
-    num_nonfinite [] (non-finite fitness values in the last generation); update_norm [] (|m' - m|).
+    tutorial's B and D); generation, best_member, best_fitness, generation_best_fitness,
+    num_nonfinite, update_norm: the bookkeeping of `base.BaseStrategy.BOOKKEEPING`.
     """
 
     mean: jax.Array
@@ -65,7 +70,7 @@ class CMAESState:
 
 
 @dataclasses.dataclass(frozen=True)
-class CMAES:
+class CMAES(base.BaseStrategy[CMAESState]):
     """Full-covariance CMA-ES; fitness is MAXIMISED. Hyper-parameters left as None get Hansen's
     defaults (arXiv 1604.00772, Table 1), resolved at construction (``repr`` shows them all).
 
@@ -102,6 +107,7 @@ class CMAES:
     weights: tuple[float, ...] = dataclasses.field(init=False, repr=False, default=())
     mu_eff: float = dataclasses.field(init=False, repr=False, default=0.0)
     chi_n: float = dataclasses.field(init=False, repr=False, default=0.0)
+    state_type: ClassVar[type] = CMAESState
 
     def __post_init__(self) -> None:
         n = base.check_int("num_dims", self.num_dims, 1)
@@ -159,29 +165,17 @@ class CMAES:
         c_mu = 2.0 * (mu_eff - 2 + 1 / mu_eff) / ((n + 2) ** 2 + mu_eff)
         return c_1, c_mu
 
-    # -- public API ------------------------------------------------------------------------------
+    # -- hooks of base.BaseStrategy (which holds init / tell / metrics and the bookkeeping) -----
 
-    @partial(jax.jit, static_argnums=0)
-    def init(self, key: jax.Array, mean: jax.Array) -> CMAESState:
-        """Initial state around `mean` [D] (C = I, sigma = sigma_init). `key` is unused (kept for
-        the common contract)."""
-        del key
-        mean = base.check_mean(mean, self.num_dims)
+    def _init(self, key: jax.Array, mean: jax.Array) -> dict[str, Any]:
+        """C = B = I, D = 1 and zero paths (`key` is unused)."""
         n, dt = self.num_dims, mean.dtype
-        return CMAESState(
-            mean=mean,
-            sigma=jnp.asarray(self.sigma_init, dt),
+        return dict(
             p_sigma=jnp.zeros(n, dt),
             p_c=jnp.zeros(n, dt),
             C=jnp.eye(n, dtype=dt),
             B=jnp.eye(n, dtype=dt),
             D=jnp.ones(n, dt),
-            generation=jnp.zeros((), jnp.int32),
-            best_member=mean,
-            best_fitness=jnp.asarray(-jnp.inf, dt),
-            generation_best_fitness=jnp.asarray(-jnp.inf, dt),
-            num_nonfinite=jnp.zeros((), jnp.int32),
-            update_norm=jnp.zeros((), dt),
         )
 
     @partial(jax.jit, static_argnums=0)
@@ -196,42 +190,25 @@ class CMAES:
             z = jax.random.normal(key, (self.population_size, self.num_dims), state.mean.dtype)
         return state.mean + state.sigma * ((z * state.D) @ state.B.T)
 
-    @partial(jax.jit, static_argnums=0)
-    def tell(self, state: CMAESState, population: jax.Array, fitness: jax.Array) -> CMAESState:
-        """Update the search distribution from `population` [P, D] and `fitness` [P] (MAXIMISED)."""
-        base.check_tell_shapes(population, fitness, self.population_size, self.num_dims)
-        best_member, best_fitness, gen_best = base.update_best(
-            state.best_member, state.best_fitness, population, fitness
-        )
-        num_bad = jnp.sum(~jnp.isfinite(fitness)).astype(jnp.int32)
+    def _tell(
+        self, state: CMAESState, population: jax.Array, fitness: jax.Array, skip: jax.Array
+    ) -> CMAESState:
+        """Pairwise selection (if mirrored), the update of Eqs. (41)-(47) and the lazy eigen
+        refresh. `skip` zeroes the learning rates (see `_update`) and holds the refresh back."""
         if self.mirrored:
             population, fitness = _pairwise_select(population, fitness)
-        order, _ = base.sort_best_first(fitness)
-        parents = population[order[: self.num_parents]].astype(state.mean.dtype)
-        skip = num_bad == self.population_size  # nothing finite to learn from
-        new = self._update(state, parents, skip)
-        gen = state.generation + 1
-        refresh = (gen % self.eigen_interval == 0) & ~skip
-        new = jax.lax.cond(refresh, _eigen_refresh, lambda s: s, new)
-        return new.replace(
-            generation=gen,
-            best_member=best_member,
-            best_fitness=best_fitness,
-            generation_best_fitness=gen_best,
-            num_nonfinite=num_bad,
-        )
+        new = self._update(state, self._parents(state, population, fitness), skip)
+        refresh = ((state.generation + 1) % self.eigen_interval == 0) & ~skip
+        return jax.lax.cond(refresh, _eigen_refresh, lambda s: s, new)
 
-    def metrics(self, state: CMAESState) -> dict[str, jax.Array]:
-        """Scalars worth logging: step size, axis ratio of C, counts and best fitness."""
-        return {
-            "sigma": state.sigma,
-            "axis_ratio": jnp.max(state.D) / jnp.min(state.D),
-            "generation": state.generation,
-            "best_fitness": state.best_fitness,
-            "generation_best_fitness": state.generation_best_fitness,
-            "num_nonfinite": state.num_nonfinite,
-            "update_norm": state.update_norm,
-        }
+    def _metrics(self, state: CMAESState) -> dict[str, jax.Array]:
+        """Axis ratio of C: sqrt(max / min eigenvalue) at the last refresh."""
+        return {"axis_ratio": jnp.max(state.D) / jnp.min(state.D)}
+
+    def _parents(self, state: Any, population: jax.Array, fitness: jax.Array) -> jax.Array:
+        """The mu best candidates [mu, D], best first, in the dtype of the mean."""
+        order = base.sort_best_first(fitness)
+        return population[order[: self.num_parents]].astype(state.mean.dtype)
 
     # -- the update (Eqs. 41-47) --------------------------------------------------------------
 
@@ -240,8 +217,7 @@ class CMAES:
 
         With `skip` every learning rate is 0, which leaves the state bit-identical; it replaces a
         lax.cond whose identity branch would copy the [D, D] matrices every generation."""
-        n, w = self.num_dims, jnp.asarray(self.weights, s.mean.dtype)
-        cs, cc, mu_eff = self.c_sigma, self.c_c, self.mu_eff
+        w, cs, mu_eff = jnp.asarray(self.weights, s.mean.dtype), self.c_sigma, self.mu_eff
         keep = 1.0 - skip.astype(s.mean.dtype)
         c1, cmu, cm, cs_eff = keep * self.c_1, keep * self.c_mu, keep * self.c_m, keep * cs
         y = (parents - s.mean) / s.sigma  # y_{i:lambda} ~ N(0, C)
@@ -250,24 +226,28 @@ class CMAES:
         c_inv_sqrt_y_w = s.B @ ((s.B.T @ y_w) / s.D)  # C^{-1/2} y_w, with the B, D used to sample
         ps_new = (1 - cs) * s.p_sigma + math.sqrt(cs * (2 - cs) * mu_eff) * c_inv_sqrt_y_w  # (43)
         p_sigma = jnp.where(skip, s.p_sigma, ps_new)
-        norm_ps = jnp.linalg.norm(p_sigma)
-        sigma = s.sigma * jnp.exp((cs_eff / self.d_sigma) * (norm_ps / self.chi_n - 1))  # Eq. (44)
-        g = (s.generation + 1).astype(s.mean.dtype)  # generations including this one
-        h_sigma = norm_ps / jnp.sqrt(1 - (1 - cs) ** (2 * g)) < (1.4 + 2 / (n + 1)) * self.chi_n
-        h = h_sigma.astype(s.mean.dtype)
-        p_c = (1 - cc) * s.p_c + h * math.sqrt(cc * (2 - cc) * mu_eff) * y_w  # Eq. (45)
+        sigma, p_c, delta_h = self._step_size_and_path(s, p_sigma, y_w, cs_eff)  # Eqs. (44), (45)
         p_c = jnp.where(skip, s.p_c, p_c)
-        delta_h = (1 - h) * cc * (2 - cc)  # p. 29, used in Eq. (47)
         rank_mu = (y * w[:, None]).T @ y  # sum_i w_i y_i y_i^T
         C = (1 + c1 * delta_h - c1 - cmu) * s.C + c1 * jnp.outer(p_c, p_c) + cmu * rank_mu  # (47)
-        return s.replace(
-            mean=mean,
-            sigma=jnp.clip(sigma, self.sigma_min, self.sigma_max),
-            p_sigma=p_sigma,
-            p_c=p_c,
-            C=C,
-            update_norm=jnp.where(skip, s.update_norm, jnp.linalg.norm(mean - s.mean)),
-        )
+        return s.replace(mean=mean, sigma=sigma, p_sigma=p_sigma, p_c=p_c, C=C)
+
+    def _step_size_and_path(
+        self, s: Any, p_sigma: jax.Array, y_w: jax.Array, c_sigma: Any
+    ) -> tuple[jax.Array, jax.Array, jax.Array]:
+        """The part of the update that does not involve C, shared with sep-CMA-ES: sigma' (Eq. 44,
+        clipped to [sigma_min, sigma_max]), p_c' (Eq. 45, with h_sigma of p. 28) and
+        delta(h_sigma) = (1 - h_sigma) c_c (2 - c_c) (p. 29, used in Eq. 47), from the new p_sigma
+        and y_w. `c_sigma` is the rate in the exponent of Eq. (44) (CMA-ES zeroes it to skip)."""
+        n, cs, cc, dt = self.num_dims, self.c_sigma, self.c_c, s.mean.dtype
+        norm_ps = jnp.linalg.norm(p_sigma)
+        sigma = s.sigma * jnp.exp((c_sigma / self.d_sigma) * (norm_ps / self.chi_n - 1))  # (44)
+        g = (s.generation + 1).astype(dt)  # generations including this one
+        h_sigma = norm_ps / jnp.sqrt(1 - (1 - cs) ** (2 * g)) < (1.4 + 2 / (n + 1)) * self.chi_n
+        h = h_sigma.astype(dt)
+        p_c = (1 - cc) * s.p_c + h * math.sqrt(cc * (2 - cc) * self.mu_eff) * y_w  # Eq. (45)
+        delta_h = (1 - h) * cc * (2 - cc)
+        return jnp.clip(sigma, self.sigma_min, self.sigma_max), p_c, delta_h
 
 
 def _pairwise_select(population: jax.Array, fitness: jax.Array) -> tuple[jax.Array, jax.Array]:

@@ -12,6 +12,10 @@ is handed to an optax optimiser (Adam by default, as in their experiments) as th
 the negated objective, because fitness is MAXIMISED and optax minimises. sigma is fixed, or decays
 geometrically to sigma_min. A generation with no finite fitness skips the optimiser step (Adam's
 momentum would otherwise move the mean on a zero gradient).
+
+The bookkeeping (shape checks, best-so-far, non-finite count, the no-finite-fitness skip,
+generation counter, update norm, common metrics and initial fields) lives in
+`essa_jax.es.base.BaseStrategy`; this module holds the optax step only.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from functools import partial
-from typing import Any
+from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -32,8 +36,9 @@ from essa_jax.es.shaping import ShapingFn, get_shaping_fn
 
 @struct.dataclass
 class OpenAIESState:
-    """mean [D], sigma [], opt_state (optax state of the mean), generation [], best_member [D],
-    best_fitness [], generation_best_fitness [], num_nonfinite [], update_norm [] (||m' - m||)."""
+    """mean [D], sigma [], opt_state (optax state of the mean); generation, best_member,
+    best_fitness, generation_best_fitness, num_nonfinite, update_norm: the bookkeeping of
+    `base.BaseStrategy.BOOKKEEPING`."""
 
     mean: jax.Array
     sigma: jax.Array
@@ -47,7 +52,7 @@ class OpenAIESState:
 
 
 @dataclasses.dataclass(frozen=True)
-class OpenAIES:
+class OpenAIES(base.BaseStrategy[OpenAIESState]):
     """OpenAI-ES; fitness is MAXIMISED.
 
     Args:
@@ -71,6 +76,7 @@ class OpenAIES:
     optimizer: optax.GradientTransformation | None = None
     fitness_shaping: str | ShapingFn = "centred_ranks"
     antithetic: bool = True
+    state_type: ClassVar[type] = OpenAIESState
 
     def __post_init__(self) -> None:
         n = base.check_int("num_dims", self.num_dims, 1)
@@ -98,23 +104,9 @@ class OpenAIES:
     def shaping_fn(self) -> Callable[[jax.Array], jax.Array]:
         return get_shaping_fn(self.fitness_shaping)
 
-    @partial(jax.jit, static_argnums=0)
-    def init(self, key: jax.Array, mean: jax.Array) -> OpenAIESState:
-        """Initial state around `mean` [D]; `key` is unused."""
-        del key
-        mean = base.check_mean(mean, self.num_dims)
-        dt = mean.dtype
-        return OpenAIESState(
-            mean=mean,
-            sigma=jnp.asarray(self.sigma_init, dt),
-            opt_state=self.optimizer.init(mean),
-            generation=jnp.zeros((), jnp.int32),
-            best_member=mean,
-            best_fitness=jnp.asarray(-jnp.inf, dt),
-            generation_best_fitness=jnp.asarray(-jnp.inf, dt),
-            num_nonfinite=jnp.zeros((), jnp.int32),
-            update_norm=jnp.zeros((), dt),
-        )
+    def _init(self, key: jax.Array, mean: jax.Array) -> dict[str, Any]:
+        """The optimiser's state for the mean (`key` is unused)."""
+        return dict(opt_state=self.optimizer.init(mean))
 
     @partial(jax.jit, static_argnums=0)
     def ask(self, key: jax.Array, state: OpenAIESState) -> jax.Array:
@@ -127,38 +119,14 @@ class OpenAIES:
             eps = jax.random.normal(key, (p, d), dt)
         return state.mean + state.sigma * eps
 
-    @partial(jax.jit, static_argnums=0)
-    def tell(
-        self, state: OpenAIESState, population: jax.Array, fitness: jax.Array
+    def _tell(
+        self, state: OpenAIESState, population: jax.Array, fitness: jax.Array, skip: jax.Array
     ) -> OpenAIESState:
-        """Optimiser step on the mean along the search gradient; fitness [P] is MAXIMISED."""
-        base.check_tell_shapes(population, fitness, self.population_size, self.num_dims)
-        num_bad = jnp.sum(~jnp.isfinite(fitness)).astype(jnp.int32)
-        best_member, best_fitness, gen_best = base.update_best(
-            state.best_member, state.best_fitness, population, fitness
-        )
-        skip = num_bad == self.population_size
-        new = jax.lax.cond(skip, lambda s, *_: s, self._update, state, population, fitness)
-        return new.replace(
-            generation=state.generation + 1,
-            best_member=best_member,
-            best_fitness=best_fitness,
-            generation_best_fitness=gen_best,
-            num_nonfinite=num_bad,
-        )
-
-    def metrics(self, state: OpenAIESState) -> dict[str, jax.Array]:
-        """Scalars worth logging."""
-        return {
-            "sigma": state.sigma,
-            "generation": state.generation,
-            "best_fitness": state.best_fitness,
-            "generation_best_fitness": state.generation_best_fitness,
-            "num_nonfinite": state.num_nonfinite,
-            "update_norm": state.update_norm,
-        }
+        """Optimiser step on the mean along the search gradient; the identity when `skip`."""
+        return jax.lax.cond(skip, lambda s, *_: s, self._update, state, population, fitness)
 
     def _update(self, s: OpenAIESState, population: jax.Array, fitness: jax.Array) -> OpenAIESState:
+        """g = F_shaped @ eps / (P sigma) (Salimans et al. 2017, Alg. 1), one optax step on -g."""
         dt = s.mean.dtype
         eps = (population.astype(dt) - s.mean) / s.sigma
         shaped = self.shaping_fn(fitness).astype(dt)
@@ -170,5 +138,4 @@ class OpenAIES:
             mean=mean,
             sigma=sigma,
             opt_state=opt_state,
-            update_norm=jnp.linalg.norm(mean - s.mean),
         )

@@ -30,8 +30,9 @@ def register_strategy(name: str, cls: type) -> type:
     """Register a user's strategy class under `name`, so configs can pick it by string.
 
     `cls(**kwargs)` must build an object with `init`, `ask`, `tell`, `num_dims` and
-    `population_size` (see `essa_jax.es.base.Strategy`). Returns `cls`, so it works as a decorator
-    via `functools.partial(register_strategy, "name")`.
+    `population_size` (see `essa_jax.es.base.Strategy`); subclassing `essa_jax.es.BaseStrategy`
+    gives the shared bookkeeping but is optional. Returns `cls`, so it works as a decorator via
+    `functools.partial(register_strategy, "name")`.
     """
     if not isinstance(name, str) or not name:
         raise ValueError(f"strategy name must be a non-empty string, got {name!r}")

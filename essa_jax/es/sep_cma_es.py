@@ -9,6 +9,10 @@ Everything else (weights, paths, step-size control) is the full CMA-ES of Hansen
 
 Fitness is MAXIMISED. Non-finite fitness ranks last; a generation with no finite fitness leaves the
 distribution untouched and only advances the counter and the metrics.
+
+The bookkeeping (shape checks, best-so-far, non-finite count, the no-finite-fitness skip,
+generation counter, update norm, common metrics and initial fields) lives in
+`essa_jax.es.base.BaseStrategy`; this module holds the diagonal update only.
 """
 
 from __future__ import annotations
@@ -16,12 +20,12 @@ from __future__ import annotations
 import dataclasses
 import math
 from functools import partial
+from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
 from flax import struct
 
-from essa_jax.es import base
 from essa_jax.es.cma_es import CMAES
 
 
@@ -29,8 +33,9 @@ from essa_jax.es.cma_es import CMAES
 class SepCMAESState:
     """Everything needed to resume a sep-CMA-ES run (D = num_dims).
 
-    mean [D], sigma [], p_sigma [D], p_c [D], C [D] (the diagonal of the covariance), generation [],
-    best_member [D], best_fitness [], generation_best_fitness [], num_nonfinite [], update_norm [].
+    mean [D], sigma [], p_sigma [D], p_c [D], C [D] (the diagonal of the covariance); generation,
+    best_member, best_fitness, generation_best_fitness, num_nonfinite, update_norm: the
+    bookkeeping of `base.BaseStrategy.BOOKKEEPING`.
     """
 
     mean: jax.Array
@@ -52,31 +57,23 @@ class SepCMAES(CMAES):
     except that the default c_1 and c_mu carry the (n + 2) / 3 factor (Ros & Hansen 2008, Eq. 6)
     and ``eigen_interval`` is unused (there is no eigendecomposition)."""
 
+    state_type: ClassVar[type] = SepCMAESState
+
+    def __post_init__(self) -> None:
+        if self.mirrored:  # sampling and selection here are CMA-ES's plain ones
+            raise ValueError("mirrored=True is implemented for CMAES only, not SepCMAES")
+        super().__post_init__()
+
     @staticmethod
     def _covariance_rates(n: int, mu_eff: float) -> tuple[float, float]:
         c_1, c_mu = CMAES._covariance_rates(n, mu_eff)
         scale = (n + 2) / 3  # Ros & Hansen 2008, Eq. (6)
         return min(1.0, c_1 * scale), c_mu * scale
 
-    @partial(jax.jit, static_argnums=0)
-    def init(self, key: jax.Array, mean: jax.Array) -> SepCMAESState:
-        """Initial state around `mean` [D] (C = I, sigma = sigma_init); `key` is unused."""
-        del key
-        mean = base.check_mean(mean, self.num_dims)
+    def _init(self, key: jax.Array, mean: jax.Array) -> dict[str, Any]:
+        """C = 1 (the identity's diagonal) and zero paths (`key` is unused)."""
         n, dt = self.num_dims, mean.dtype
-        return SepCMAESState(
-            mean=mean,
-            sigma=jnp.asarray(self.sigma_init, dt),
-            p_sigma=jnp.zeros(n, dt),
-            p_c=jnp.zeros(n, dt),
-            C=jnp.ones(n, dt),
-            generation=jnp.zeros((), jnp.int32),
-            best_member=mean,
-            best_fitness=jnp.asarray(-jnp.inf, dt),
-            generation_best_fitness=jnp.asarray(-jnp.inf, dt),
-            num_nonfinite=jnp.zeros((), jnp.int32),
-            update_norm=jnp.zeros((), dt),
-        )
+        return dict(p_sigma=jnp.zeros(n, dt), p_c=jnp.zeros(n, dt), C=jnp.ones(n, dt))
 
     @partial(jax.jit, static_argnums=0)
     def ask(self, key: jax.Array, state: SepCMAESState) -> jax.Array:
@@ -84,62 +81,27 @@ class SepCMAES(CMAES):
         z = jax.random.normal(key, (self.population_size, self.num_dims), state.mean.dtype)
         return state.mean + state.sigma * jnp.sqrt(state.C) * z
 
-    @partial(jax.jit, static_argnums=0)
-    def tell(
-        self, state: SepCMAESState, population: jax.Array, fitness: jax.Array
+    def _tell(
+        self, state: SepCMAESState, population: jax.Array, fitness: jax.Array, skip: jax.Array
     ) -> SepCMAESState:
-        """Update the search distribution from `population` [P, D] and `fitness` [P] (MAXIMISED)."""
-        base.check_tell_shapes(population, fitness, self.population_size, self.num_dims)
-        order, num_bad = base.sort_best_first(fitness)
-        best_member, best_fitness, gen_best = base.update_best(
-            state.best_member, state.best_fitness, population, fitness
-        )
-        parents = population[order[: self.num_parents]].astype(state.mean.dtype)
-        skip = num_bad == self.population_size
-        new = jax.lax.cond(skip, lambda s, _: s, self._update, state, parents)
-        return new.replace(
-            generation=state.generation + 1,
-            best_member=best_member,
-            best_fitness=best_fitness,
-            generation_best_fitness=gen_best,
-            num_nonfinite=num_bad,
-        )
+        """The diagonal update from the mu best candidates; the identity when `skip`."""
+        parents = self._parents(state, population, fitness)
+        return jax.lax.cond(skip, lambda s, _: s, self._update, state, parents)
 
-    def metrics(self, state: SepCMAESState) -> dict[str, jax.Array]:
-        """Scalars worth logging: step size, axis ratio of C, counts and best fitness."""
-        return {
-            "sigma": state.sigma,
-            "axis_ratio": jnp.sqrt(jnp.max(state.C) / jnp.min(state.C)),
-            "generation": state.generation,
-            "best_fitness": state.best_fitness,
-            "generation_best_fitness": state.generation_best_fitness,
-            "num_nonfinite": state.num_nonfinite,
-            "update_norm": state.update_norm,
-        }
+    def _metrics(self, state: SepCMAESState) -> dict[str, jax.Array]:
+        """Axis ratio of the diagonal C: sqrt(max C / min C)."""
+        return {"axis_ratio": jnp.sqrt(jnp.max(state.C) / jnp.min(state.C))}
 
     def _update(self, s: SepCMAESState, parents: jax.Array) -> SepCMAESState:
         """Eqs. (41)-(47) with C diagonal, from the mu best candidates [mu, D], best first."""
-        n, w = self.num_dims, jnp.asarray(self.weights, s.mean.dtype)
-        cs, cc, c1, cmu, mu_eff = self.c_sigma, self.c_c, self.c_1, self.c_mu, self.mu_eff
+        w, cs, c1, cmu = jnp.asarray(self.weights, s.mean.dtype), self.c_sigma, self.c_1, self.c_mu
         y = (parents - s.mean) / s.sigma
         y_w = w @ y  # Eq. (41)
         mean = s.mean + self.c_m * s.sigma * y_w  # Eq. (42)
-        p_sigma = (1 - cs) * s.p_sigma + math.sqrt(cs * (2 - cs) * mu_eff) * y_w / jnp.sqrt(s.C)
-        norm_ps = jnp.linalg.norm(p_sigma)  # Eq. (43) above, with C^{-1/2} = diag(C)^{-1/2}
-        sigma = s.sigma * jnp.exp((cs / self.d_sigma) * (norm_ps / self.chi_n - 1))  # Eq. (44)
-        g = (s.generation + 1).astype(s.mean.dtype)
-        h_sigma = norm_ps / jnp.sqrt(1 - (1 - cs) ** (2 * g)) < (1.4 + 2 / (n + 1)) * self.chi_n
-        h = h_sigma.astype(s.mean.dtype)
-        p_c = (1 - cc) * s.p_c + h * math.sqrt(cc * (2 - cc) * mu_eff) * y_w  # Eq. (45)
-        delta_h = (1 - h) * cc * (2 - cc)
+        ps_rate = math.sqrt(cs * (2 - cs) * self.mu_eff)  # Eq. (43) with C^{-1/2} = diag(C)^{-1/2}
+        p_sigma = (1 - cs) * s.p_sigma + ps_rate * y_w / jnp.sqrt(s.C)
+        sigma, p_c, delta_h = self._step_size_and_path(s, p_sigma, y_w, cs)  # Eqs. (44), (45)
         rank_mu = w @ (y * y)  # diag(sum_i w_i y_i y_i^T)
         C = (1 + c1 * delta_h - c1 - cmu) * s.C + c1 * p_c * p_c + cmu * rank_mu  # Eq. (47), diag
         C = jnp.maximum(C, jnp.max(C) * jnp.finfo(C.dtype).eps)  # keep sqrt(C) and 1/sqrt(C) finite
-        return s.replace(
-            mean=mean,
-            sigma=jnp.clip(sigma, self.sigma_min, self.sigma_max),
-            p_sigma=p_sigma,
-            p_c=p_c,
-            C=C,
-            update_norm=jnp.linalg.norm(mean - s.mean),
-        )
+        return s.replace(mean=mean, sigma=sigma, p_sigma=p_sigma, p_c=p_c, C=C)

@@ -1,34 +1,25 @@
-"""Held-out evaluation: greedy accuracy with a 95% interval, avg@k, unbiased pass@k.
+"""Held-out evaluation: greedy accuracy with a 95% Wilson interval, unbiased pass@k, paired tests.
 
-    evaluate(sample_fn, examples, prompt_token_ids, reward_fn=..., num_samples=n) -> dict
-    evaluate_task(sample_fn, task, tokenizer, num_samples=n) -> dict
-    pass_at_k(n, c, k); avg_at_k(counts, k); wilson_interval(successes, n);
-    mcnemar_exact(before, after) (paired 0/1 outcomes)
+    heldout_accuracy(sample_fn, prompts, fields, reward_fn) -> {acc, correct, n, ci_low, ci_high,
+        reward, eval_tokens, solved}
+    heldout_pass_at_k(sample_fn, prompts, fields, reward_fn, samples=n, ks=(1, ...)) ->
+        {pass_at_<k>, pass_samples, pass_problems, pass_tokens}
+    pass_at_k(n, c, k); mean_pass_at_k(counts, n, k); wilson_interval(successes, n);
+    mcnemar_exact(before, after) (paired 0/1 outcomes, e.g. two `solved` strings)
 
-`sample_fn(prompt_token_lists, num_samples, greedy) -> list[list[str]]` is the only link to a model.
+`sample_fn(num_samples, greedy) -> (completions[problem][sample], generated_tokens)` is the only
+link to a model.
 """
 
-from .evaluate import SampleFn, evaluate, evaluate_task
-from .metrics import (
-    Z95,
-    avg_at_k,
-    ks_up_to,
-    mcnemar_exact,
-    mean_interval,
-    mean_pass_at_k,
-    pass_at_k,
-    wilson_interval,
-)
+from .evaluate import SampleFn, heldout_accuracy, heldout_pass_at_k
+from .metrics import Z95, mcnemar_exact, mean_pass_at_k, pass_at_k, wilson_interval
 
 __all__ = [
     "Z95",
     "SampleFn",
-    "avg_at_k",
-    "evaluate",
-    "evaluate_task",
-    "ks_up_to",
+    "heldout_accuracy",
+    "heldout_pass_at_k",
     "mcnemar_exact",
-    "mean_interval",
     "mean_pass_at_k",
     "pass_at_k",
     "wilson_interval",

@@ -1,13 +1,14 @@
-"""Evaluate a model on a held-out set through a sampling callable (no model internals here).
+"""Held-out evaluation of a model behind a sampling callable (no model internals here).
 
-The model side is a `sample_fn(prompt_token_lists, num_samples, greedy) -> list[list[str]]`: for
-each prompt (a list of token ids, unpadded), `num_samples` completion strings. A plain model, an
-adapter, or one member of an ESSA population all fit behind it.
+The model side is a `sample_fn(num_samples, greedy) -> (completions, num_tokens)`: for every
+problem of the evaluated set, in order, `num_samples` completion strings, and the number of tokens
+generated for them (the evaluation's cost). The caller binds the model, the prompts and the
+sampling key; a plain model, an adapter, or one member of an ESSA population all fit behind it.
+`essa_jax.train.rollouts.policy_sample_fn` is the one the pipeline uses (batched `generate_jit`,
+fixed padded shapes, so it compiles once).
 
-Metrics (maximised): greedy accuracy with a Wilson 95% interval; from `num_samples` = n samples per
-problem: avg@n with a normal 95% interval over problems, unbiased pass@k for k = 1, 2, 4, ... up to
-n, and the fraction of problems whose samples are all right, all wrong, or mixed (mixed problems
-are the ones that give GRPO / ESSA a learning signal).
+A completion is correct when its reward is >= `success_threshold` (1.0: the verifiable rewards
+are 1.0 / 0.0). Rewards are compared and averaged in float32, as the training loops see them.
 """
 
 from __future__ import annotations
@@ -17,157 +18,110 @@ from typing import Any
 
 import numpy as np
 
-from essa_jax.rewards import guard_reward, math_reward
+from essa_jax.rewards import guard_reward
 
-from .metrics import avg_at_k, ks_up_to, mean_interval, mean_pass_at_k, wilson_interval
+from .metrics import mean_pass_at_k, wilson_interval
 
-SampleFn = Callable[[list[list[int]], int, bool], list[list[str]]]
-
-
-def _task_fields(examples: Sequence[Mapping[str, Any]]) -> dict[str, list[Any]]:
-    """Fields present in every example, as lists aligned with the examples."""
-    if not examples:
-        return {}
-    common = set(examples[0]).intersection(*(set(e) for e in examples[1:]))
-    return {k: [e[k] for e in examples] for k in sorted(common)}
+SampleFn = Callable[[int, bool], tuple[list[list[str]], int]]
 
 
-def _sample(sample_fn: SampleFn, tokens, num: int, greedy: bool) -> list[list[str]]:
-    out = sample_fn([list(t) for t in tokens], num, greedy)
-    if len(out) != len(tokens) or any(len(o) != num for o in out):
-        shape = [len(o) for o in out][:5]
+def _sample(
+    sample_fn: SampleFn, num_problems: int, num_samples: int, greedy: bool
+) -> tuple[list[list[str]], int]:
+    completions, num_tokens = sample_fn(num_samples, greedy)
+    if len(completions) != num_problems or any(len(c) != num_samples for c in completions):
+        shape = [len(c) for c in completions][:5]
         raise ValueError(
-            f"sample_fn returned {len(out)} prompt entries with {shape}... completions; expected "
-            f"{len(tokens)} entries of {num} completions each (greedy={greedy})"
+            f"sample_fn returned {len(completions)} problems with {shape}... completions; "
+            f"expected {num_problems} problems of {num_samples} completions each (greedy={greedy})"
         )
-    return [[str(c) for c in o] for o in out]
+    return [[str(s) for s in c] for c in completions], int(num_tokens)
 
 
-def evaluate(
+def _rewards(
+    reward_fn: Callable[..., Sequence[float]],
+    prompts: Sequence[Any],
+    fields: Mapping[str, Sequence[Any]],
+    completions: list[list[str]],
+) -> np.ndarray:
+    """Rewards `[problems, samples]` float32: one (guarded) reward call on all completions."""
+    num_samples = len(completions[0])
+    rep = lambda xs: [x for x in xs for _ in range(num_samples)]  # noqa: E731
+    flat = [s for c in completions for s in c]
+    rewards = guard_reward(reward_fn)(rep(prompts), flat, **{k: rep(v) for k, v in fields.items()})
+    return np.asarray(rewards, np.float32).reshape(len(completions), num_samples)
+
+
+def _check(prompts: Sequence[Any], fields: Mapping[str, Sequence[Any]]) -> int:
+    if not prompts:
+        raise ValueError("held-out evaluation needs at least one problem")
+    for name, values in fields.items():
+        if len(values) != len(prompts):
+            raise ValueError(f"field {name!r} has {len(values)} values for {len(prompts)} prompts")
+    return len(prompts)
+
+
+def heldout_accuracy(
     sample_fn: SampleFn,
-    examples: Sequence[Mapping[str, Any]],
-    prompt_token_ids: Sequence[Sequence[int]],
+    prompts: Sequence[Any],
+    fields: Mapping[str, Sequence[Any]],
+    reward_fn: Callable[..., Sequence[float]],
     *,
-    reward_fn: Callable[..., list[float]] = math_reward,
-    num_samples: int = 0,
-    greedy: bool = True,
-    batch_size: int = 64,
-    prompts: Sequence[str] | None = None,
     success_threshold: float = 1.0,
-    reward_timeout_s: float | None = 30.0,
-    return_details: bool = False,
 ) -> dict[str, Any]:
-    """Metrics of a model on `examples` (one prompt each), batched through `sample_fn`.
+    """Greedy accuracy on the problems `prompts` (one greedy completion each).
 
     Args:
-      sample_fn: `(prompt_token_lists, num_samples, greedy) -> completions[prompt][sample]`.
-      examples: normalised examples; every field common to all of them is passed to `reward_fn`.
-      prompt_token_ids: one token id list per example (e.g. `prompt_token_ids(...).token_ids`).
-      reward_fn: `fn(prompts, completions, **fields) -> list[float]`; guarded, so a failing or
-        hanging reward scores 0.0 and is counted (`reward_failures`, `reward_timeouts`).
-      num_samples: n sampled completions per problem for avg@n / pass@k (0: none).
-      greedy: also decode greedily once per problem for `accuracy`.
-      batch_size: prompts per `sample_fn` call.
-      prompts: prompt strings given to the reward (default: each example's question).
-      success_threshold: a completion is correct when its reward >= this.
-      return_details: add per-problem `details` (completions, rewards, correct counts).
+      sample_fn: the model side (module docstring), bound to these problems.
+      prompts: prompt texts, given to the reward; fields: task columns aligned with them (e.g.
+        `answer`), passed to `reward_fn(prompts, completions, **fields) -> list[float]`.
 
-    Returns a dict: num_problems, accuracy, accuracy_ci_low/high (Wilson 95%), and with
-    num_samples = n > 0: num_samples, avg@n, avg@n_ci_low/high, pass@k for k in 1, 2, 4, ..., n,
-    frac_all_correct, frac_none_correct, frac_mixed, mean_reward; mean_completion_chars, reward
-    failure counts.
+    Returns {acc, correct, n, ci_low, ci_high, reward, eval_tokens, solved}: the fraction and count
+    of correct problems, its 95% Wilson interval, the mean reward, the generated tokens, and
+    `solved`, a string of n "0"/"1" in problem order, so that two policies evaluated on the same
+    set compare paired (`mcnemar_exact`).
     """
-    if len(examples) != len(prompt_token_ids):
-        raise ValueError(f"{len(examples)} examples but {len(prompt_token_ids)} prompt token lists")
-    if not examples:
-        raise ValueError("evaluate needs at least one example")
-    if not greedy and num_samples <= 0:
-        raise ValueError("nothing to evaluate: greedy=False and num_samples=0")
-    if num_samples < 0 or batch_size <= 0:
-        raise ValueError(
-            f"num_samples must be >= 0 and batch_size > 0 ({num_samples}, {batch_size})"
-        )
-    reward = guard_reward(reward_fn, timeout_s=reward_timeout_s)
-    texts = list(prompts) if prompts is not None else [str(e["question"]) for e in examples]
-    num_problems = len(examples)
-    greedy_rewards: list[float] = []
-    greedy_completions: list[str] = []
-    sample_rewards: list[list[float]] = []
-    sample_completions: list[list[str]] = []
-    lengths: list[int] = []
-    for start in range(0, num_problems, batch_size):
-        stop = min(start + batch_size, num_problems)
-        batch = examples[start:stop]
-        tokens = prompt_token_ids[start:stop]
-        fields = _task_fields(batch)
-        if greedy:
-            comps = [o[0] for o in _sample(sample_fn, tokens, 1, True)]
-            greedy_completions += comps
-            greedy_rewards += reward(texts[start:stop], comps, **fields)
-            lengths += [len(c) for c in comps]
-        if num_samples:
-            outs = _sample(sample_fn, tokens, num_samples, False)
-            flat = [c for o in outs for c in o]
-            rep = {k: [v for v in vals for _ in range(num_samples)] for k, vals in fields.items()}
-            flat_prompts = [p for p in texts[start:stop] for _ in range(num_samples)]
-            r = reward(flat_prompts, flat, **rep)
-            sample_rewards += [r[i * num_samples : (i + 1) * num_samples] for i in range(len(outs))]
-            sample_completions += outs
-            lengths += [len(c) for c in flat]
-
-    result: dict[str, Any] = {"num_problems": num_problems}
-    if greedy:
-        correct = int(sum(r >= success_threshold for r in greedy_rewards))
-        low, high = wilson_interval(correct, num_problems)
-        result.update(accuracy=correct / num_problems, accuracy_ci_low=low, accuracy_ci_high=high)
-    if num_samples:
-        n = num_samples
-        counts = [int(sum(r >= success_threshold for r in rs)) for rs in sample_rewards]
-        per_problem = [c / n for c in counts]
-        low, high = mean_interval(per_problem)
-        result["num_samples"] = n
-        result[f"avg@{n}"] = avg_at_k(counts, n)
-        result[f"avg@{n}_ci_low"], result[f"avg@{n}_ci_high"] = low, high
-        for k in ks_up_to(n):
-            result[f"pass@{k}"] = mean_pass_at_k(counts, n, k)
-        result["frac_all_correct"] = float(np.mean([c == n for c in counts]))
-        result["frac_none_correct"] = float(np.mean([c == 0 for c in counts]))
-        result["frac_mixed"] = float(np.mean([0 < c < n for c in counts]))
-        result["mean_reward"] = float(np.mean(sample_rewards))
-    result["mean_completion_chars"] = float(np.mean(lengths))
-    result["reward_failures"] = reward.stats.failures
-    result["reward_timeouts"] = reward.stats.timeouts
-    if return_details:
-        details = []
-        for i, ex in enumerate(examples):
-            d: dict[str, Any] = {"id": ex.get("id", i), "answer": ex.get("answer")}
-            if greedy:
-                d["greedy_completion"] = greedy_completions[i]
-                d["greedy_reward"] = greedy_rewards[i]
-            if num_samples:
-                d["completions"] = sample_completions[i]
-                d["rewards"] = sample_rewards[i]
-            details.append(d)
-        result["details"] = details
-    return result
+    n = _check(prompts, fields)
+    completions, num_tokens = _sample(sample_fn, n, 1, True)
+    rewards = _rewards(reward_fn, prompts, fields, completions).reshape(n)
+    solved = rewards >= success_threshold
+    correct = int(np.sum(solved))
+    lo, hi = wilson_interval(correct, n)
+    return {
+        "acc": correct / n,
+        "correct": correct,
+        "n": n,
+        "ci_low": lo,
+        "ci_high": hi,
+        "reward": float(rewards.mean()),
+        "eval_tokens": num_tokens,
+        "solved": "".join("1" if s else "0" for s in solved),
+    }
 
 
-def evaluate_task(
+def heldout_pass_at_k(
     sample_fn: SampleFn,
-    task: Any,
-    tokenizer: Any,
+    prompts: Sequence[Any],
+    fields: Mapping[str, Sequence[Any]],
+    reward_fn: Callable[..., Sequence[float]],
     *,
-    max_prompt_tokens: int | None = None,
-    **kwargs: Any,
+    samples: int,
+    ks: Sequence[int],
+    success_threshold: float = 1.0,
 ) -> dict[str, Any]:
-    """`evaluate` on `task.eval` (a `essa_jax.data.Task`), with its prompt format and reward."""
-    from essa_jax.data import prompt_token_ids
-    from essa_jax.rewards import get_reward
+    """Unbiased pass@k (`pass_at_k`, Chen et al. 2021) averaged over the problems `prompts`, from
+    `samples` sampled completions of each (arguments as `heldout_accuracy`; 1 <= k <= samples).
 
-    batch = prompt_token_ids(
-        task.eval, tokenizer, max_prompt_tokens=max_prompt_tokens, **task.prompt_kwargs()
-    )
-    kwargs.setdefault("reward_fn", get_reward(task.reward))
-    result = evaluate(sample_fn, batch.examples, batch.token_ids, prompts=batch.texts, **kwargs)
-    result["prompts_too_long"] = batch.report.count
-    return result
+    Returns {pass_at_<k> for k in ks, pass_samples, pass_problems, pass_tokens}.
+    """
+    n = _check(prompts, fields)
+    if samples < 1 or any(not 1 <= k <= samples for k in ks):
+        raise ValueError(f"heldout_pass_at_k needs samples >= 1 and 1 <= k <= {samples}, got {ks}")
+    completions, num_tokens = _sample(sample_fn, n, samples, False)
+    rewards = _rewards(reward_fn, prompts, fields, completions)
+    correct = (rewards >= success_threshold).sum(1)
+    out: dict[str, Any] = {f"pass_at_{k}": mean_pass_at_k(correct, samples, k) for k in ks}
+    out["pass_samples"] = samples
+    out["pass_problems"] = n
+    out["pass_tokens"] = num_tokens
+    return out

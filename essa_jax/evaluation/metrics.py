@@ -1,4 +1,4 @@
-"""Sampling metrics: unbiased pass@k, avg@k, and confidence intervals for accuracies."""
+"""Sampling metrics: unbiased pass@k, a confidence interval for accuracies, a paired test."""
 
 from __future__ import annotations
 
@@ -31,25 +31,6 @@ def mean_pass_at_k(num_correct: Sequence[int], n: int, k: int) -> float:
     if len(num_correct) == 0:
         raise ValueError("mean_pass_at_k needs at least one problem")
     return float(np.mean([pass_at_k(n, int(c), k) for c in num_correct]))
-
-
-def avg_at_k(num_correct: Sequence[int], k: int) -> float:
-    """avg@k: mean over problems of the fraction of k samples that are correct (= pass@1 from k
-    samples)."""
-    if k < 1 or len(num_correct) == 0:
-        raise ValueError(f"avg_at_k needs k >= 1 and at least one problem (k={k})")
-    c = np.asarray(num_correct, dtype=np.float64)
-    if np.any(c < 0) or np.any(c > k):
-        raise ValueError(f"avg_at_k: every count must be in [0, {k}], got {num_correct}")
-    return float(np.mean(c / k))
-
-
-def ks_up_to(n: int) -> list[int]:
-    """k values reported for n samples: powers of two up to n, and n itself."""
-    ks = [2**i for i in range(int(math.log2(n)) + 1)] if n >= 1 else []
-    if ks and ks[-1] != n:
-        ks.append(n)
-    return ks
 
 
 def wilson_interval(successes: int, n: int, z: float = Z95) -> tuple[float, float]:
@@ -87,14 +68,3 @@ def mcnemar_exact(before: Sequence[int], after: Sequence[int]) -> dict[str, floa
     n = b + c
     tail = sum(math.comb(n, i) for i in range(min(b, c) + 1)) / 2.0**n if n else 1.0
     return {"fixed": b, "broken": c, "p_value": min(1.0, 2.0 * tail)}
-
-
-def mean_interval(values: Sequence[float], z: float = Z95) -> tuple[float, float]:
-    """Normal-approximation interval of a mean over P problems (e.g. avg@k): mean +- z s/sqrt(P)."""
-    v = np.asarray(values, dtype=np.float64)
-    if v.size == 0:
-        raise ValueError("mean_interval needs at least one value")
-    if v.size == 1:
-        return float(v[0]), float(v[0])
-    half = z * float(np.std(v, ddof=1)) / math.sqrt(v.size)
-    return float(v.mean() - half), float(v.mean() + half)

@@ -1,4 +1,5 @@
-"""LoRA adapters, PEFT import/export, and ESSA's SVD reparametrisation (genome <-> adapter)."""
+"""LoRA adapters, PEFT import/export, ESSA's SVD reparametrisation (genome <-> adapter), and the
+trainable parameterisations of gradient methods (`policies`: lora / svd / genome policies)."""
 
 from essa_jax.lora.adapter import LoRA, check_lora_matches, init_lora, merge_lora
 from essa_jax.lora.config import (
@@ -9,6 +10,15 @@ from essa_jax.lora.config import (
     target_shape,
 )
 from essa_jax.lora.peft_io import MODULE_NAMES, export_peft, import_peft, peft_tensor_name
+from essa_jax.lora.policies import (
+    ToLora,
+    genome_policy,
+    genome_to_lora,
+    lora_policy,
+    plain_to_lora,
+    svd_policy,
+    svd_to_lora,
+)
 from essa_jax.lora.svd import (
     GenomeLayout,
     Segment,
@@ -37,19 +47,26 @@ __all__ = [
     "SVDFactors",
     "SVDLoRA",
     "Segment",
+    "ToLora",
     "check_lora_matches",
     "export_peft",
     "fuse_shared_input",
+    "genome_policy",
+    "genome_to_lora",
     "genome_to_singular_values",
     "genome_to_svd_lora",
     "import_peft",
     "init_lora",
+    "lora_policy",
     "merge_lora",
     "num_free_values",
     "peft_tensor_name",
+    "plain_to_lora",
     "population_svd_lora",
     "sft_genome",
     "svd_factorize",
     "svd_lora_to_lora",
+    "svd_policy",
+    "svd_to_lora",
     "target_shape",
 ]

@@ -1,8 +1,8 @@
 """LoRA configuration: which projections are adapted, with what rank and scale.
 
-The target names are the model's projection names (see docs/INTERFACES.md); their shapes follow from
-the `ModelConfig` (any object with the fields `hidden_size, intermediate_size, num_layers,
-num_heads, num_kv_heads, head_dim`).
+The target names are the model's projection names (`essa_jax.models.config.PROJECTIONS`); their
+shapes are the model's (`essa_jax.models.config.projection_shape`, for a `ModelConfig` or any
+object with the fields `hidden_size, intermediate_size, num_heads, num_kv_heads, head_dim`).
 """
 
 from __future__ import annotations
@@ -11,29 +11,19 @@ import dataclasses
 import math
 from typing import Any
 
-ATTENTION_TARGETS = ("q", "k", "v", "o")
-MLP_TARGETS = ("gate", "up", "down")
-VALID_TARGETS = ATTENTION_TARGETS + MLP_TARGETS
+from essa_jax.models.config import PROJECTIONS, projection_shape
+
+VALID_TARGETS = PROJECTIONS
+# ESSA's default: the attention projections (arXiv 2507.04453, Sec. 3).
+ATTENTION_TARGETS = VALID_TARGETS[:4]  # q, k, v, o
+MLP_TARGETS = VALID_TARGETS[4:]  # gate, up, down
 
 
 def target_shape(model_config: Any, target: str) -> tuple[int, int]:
     """(in_features, out_features) of the projection `target` in every layer of `model_config`."""
-    d = model_config.hidden_size
-    q_dim = model_config.num_heads * model_config.head_dim
-    kv_dim = model_config.num_kv_heads * model_config.head_dim
-    inter = model_config.intermediate_size
-    shapes = {
-        "q": (d, q_dim),
-        "k": (d, kv_dim),
-        "v": (d, kv_dim),
-        "o": (q_dim, d),
-        "gate": (d, inter),
-        "up": (d, inter),
-        "down": (inter, d),
-    }
-    if target not in shapes:
+    if target not in VALID_TARGETS:
         raise ValueError(f"unknown LoRA target {target!r}; valid targets: {VALID_TARGETS}")
-    return shapes[target]
+    return projection_shape(model_config, target)
 
 
 @dataclasses.dataclass(frozen=True)

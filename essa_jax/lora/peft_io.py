@@ -23,19 +23,12 @@ import numpy as np
 
 from essa_jax.lora.adapter import LoRA
 from essa_jax.lora.config import VALID_TARGETS, LoraConfig, target_shape
+from essa_jax.models.loading import HF_MODULE_NAMES
 
 CONFIG_NAME = "adapter_config.json"
 WEIGHTS_NAME = "adapter_model.safetensors"
 
-MODULE_NAMES = {
-    "q": "self_attn.q_proj",
-    "k": "self_attn.k_proj",
-    "v": "self_attn.v_proj",
-    "o": "self_attn.o_proj",
-    "gate": "mlp.gate_proj",
-    "up": "mlp.up_proj",
-    "down": "mlp.down_proj",
-}
+MODULE_NAMES = HF_MODULE_NAMES  # the model's HF module names are the PEFT target modules
 _PROJ_TO_TARGET = {v.split(".")[1]: k for k, v in MODULE_NAMES.items()}
 _KEY_RE = re.compile(
     r"^base_model\.model\.model\.layers\.(\d+)\.(self_attn|mlp)\.(\w+)\.lora_([AB])\.weight$"

@@ -5,7 +5,7 @@ ESSA (arXiv 2507.04453, Sec. 3.1, Eq. 2-3) factorises each LoRA factor separatel
     A = U_A diag(s_A) V_A^T   (A: r x in),      B = U_B diag(s_B) V_B^T   (B: out x r),
 
 freezes U and V and searches only over the singular values. With M = U_A^T V_B (r x r, frozen) the
-adapted projection of a row vector x is (DESIGN.md, "the hot path")
+adapted projection of a row vector x is (docs/ARCHITECTURE.md, "Population")
 
     y = x W + scale * ((((x V_A) * s_A) M) * s_B) U_B^T,
 

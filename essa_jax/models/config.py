@@ -13,6 +13,33 @@ from typing import Any
 # Architectures whose weights and maths this package implements (HF `architectures` names).
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+# The per-layer linear projections of a decoder layer, in layer order: attention q, k, v, o, then
+# the gated MLP. These names are the LoRA targets too (essa_jax.lora, config.lora.targets).
+PROJECTIONS = ("q", "k", "v", "o", "gate", "up", "down")
+
+
+def projection_shape(config: Any, name: str) -> tuple[int, int]:
+    """(in_features, out_features) of projection `name` in every layer of `config`.
+
+    The one table of projection shapes: `ModelConfig.projection_shape`, LoRA's `target_shape` and
+    the checkpoint loaders (whose tensors are stored [out, in]) read it. `config` is a
+    `ModelConfig` or any object with `hidden_size, intermediate_size, num_heads, num_kv_heads,
+    head_dim`.
+    """
+    d, i, hd = config.hidden_size, config.intermediate_size, config.head_dim
+    q, kv = config.num_heads * hd, config.num_kv_heads * hd
+    shapes = {
+        "q": (d, q),
+        "k": (d, kv),
+        "v": (d, kv),
+        "o": (q, d),
+        "gate": (d, i),
+        "up": (d, i),
+        "down": (i, d),
+    }
+    if name not in shapes:
+        raise ValueError(f"unknown projection {name!r}; valid projections: {PROJECTIONS}")
+    return shapes[name]
 
 
 class UnsupportedModelError(ValueError):
@@ -100,12 +127,20 @@ class ModelConfig:
             return self.pad_token_id
         return self.eos_token_ids[0] if self.eos_token_ids else 0
 
+    def projection_shape(self, name: str) -> tuple[int, int]:
+        """(in_features, out_features) of projection `name` (one of PROJECTIONS) of every layer."""
+        return projection_shape(self, name)
+
+    def projection_shapes(self) -> dict[str, tuple[int, int]]:
+        """{name: (in_features, out_features)} of every projection in PROJECTIONS."""
+        return {name: projection_shape(self, name) for name in PROJECTIONS}
+
     def num_params(self) -> int:
         """Number of weights (embedding counted once when tied)."""
-        d, i, hd = self.hidden_size, self.intermediate_size, self.head_dim
+        d, hd = self.hidden_size, self.head_dim
         q, kv = self.num_heads * hd, self.num_kv_heads * hd
-        attn = d * (q + 2 * kv) + q * d + (q + 2 * kv if self.attention_bias else 0)
-        layer = attn + 3 * d * i + 2 * d
+        kernels = sum(fan_in * fan_out for fan_in, fan_out in self.projection_shapes().values())
+        layer = kernels + (q + 2 * kv if self.attention_bias else 0) + 2 * d
         head = 0 if self.tie_embeddings else d * self.vocab_size
         return self.vocab_size * d + self.num_layers * layer + d + head
 

@@ -16,6 +16,7 @@ import ml_dtypes
 import numpy as np
 
 from essa_jax.models.config import (
+    PROJECTIONS,
     SUPPORTED_ARCHITECTURES,
     ModelConfig,
     UnsupportedModelError,
@@ -109,9 +110,9 @@ def _open_hf_dir(path: Path) -> dict[str, Callable[[], np.ndarray]]:
     return tensors
 
 
-_HF_LAYER = {
-    "attn_norm": "input_layernorm.weight",
-    "mlp_norm": "post_attention_layernorm.weight",
+# HF module name of each projection (transformers' Llama / Qwen2 / Mistral layout; PEFT adapters
+# name their tensors after them too, essa_jax.lora.peft_io).
+HF_MODULE_NAMES = {
     "q": "self_attn.q_proj",
     "k": "self_attn.k_proj",
     "v": "self_attn.v_proj",
@@ -119,6 +120,11 @@ _HF_LAYER = {
     "gate": "mlp.gate_proj",
     "up": "mlp.up_proj",
     "down": "mlp.down_proj",
+}
+_HF_LAYER = {
+    "attn_norm": "input_layernorm.weight",
+    "mlp_norm": "post_attention_layernorm.weight",
+    **HF_MODULE_NAMES,
 }
 
 _GGUF_LAYER = {
@@ -135,25 +141,13 @@ _GGUF_LAYER = {
 
 
 def _expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
-    """Per-layer shapes in the checkpoint's own [out, in] layout."""
-    c = config
-    d, i, dq, dkv = (
-        c.hidden_size,
-        c.intermediate_size,
-        c.num_heads * c.head_dim,
-        (c.num_kv_heads * c.head_dim),
-    )
-    return {
-        "attn_norm": (d,),
-        "mlp_norm": (d,),
-        "q": (dq, d),
-        "k": (dkv, d),
-        "v": (dkv, d),
-        "o": (d, dq),
-        "gate": (i, d),
-        "up": (i, d),
-        "down": (d, i),
-    }
+    """Per-layer shapes in the checkpoint's own [out, in] layout (ModelConfig's (in, out) table,
+    transposed)."""
+    d = config.hidden_size
+    shapes: dict[str, tuple[int, ...]] = {"attn_norm": (d,), "mlp_norm": (d,)}
+    for name, (fan_in, fan_out) in config.projection_shapes().items():
+        shapes[name] = (fan_out, fan_in)
+    return shapes
 
 
 def _assemble(
@@ -189,7 +183,7 @@ def _assemble(
         "attn_norm": stack("attn_norm", "", shapes["attn_norm"], False),
         "mlp_norm": stack("mlp_norm", "", shapes["mlp_norm"], False),
     }
-    for key in ("q", "k", "v", "o", "gate", "up", "down"):
+    for key in PROJECTIONS:
         layers[key] = {"kernel": stack(key, ".weight", shapes[key], True)}
     if c.attention_bias:
         for key in ("q", "k", "v"):

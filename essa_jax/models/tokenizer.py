@@ -1,10 +1,14 @@
-"""Tokenizers from local files only: an HF directory, or the metadata of a GGUF file."""
+"""Tokenizers from local files only (an HF directory, or the metadata of a GGUF file), and the one
+decoding of generated token ids into completion strings."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from essa_jax.models.hub import resolve_name
 from essa_jax.models.loading import CheckpointError
@@ -81,3 +85,39 @@ def _save_cache(tok: Any, cache: Path) -> None:
             shutil.rmtree(tmp, ignore_errors=True)  # another process cached it first
     except OSError:
         pass
+
+
+def decode_completions(
+    decode: Any | Callable[[list[int]], str],
+    tokens: Any,
+    lengths: Any,
+    eos_token_ids: Sequence[int] = (),
+) -> Any:
+    """Generated ids `[..., N]` with `lengths [...]` -> completion strings, nested like `lengths`.
+
+    A row's completion is `tokens[..., :length]` (the pad tail dropped) without its last token when
+    that is one of `eos_token_ids` (a row that finished), decoded by `decode`: a tokenizer (its
+    `.decode(ids, skip_special_tokens=True)`) or a callable `list[int] -> str`. Returns a list of
+    strings for `[B, N]`, a list of lists for `[P, B, N]`, and so on (one string for `[N]`).
+    """
+    if hasattr(decode, "decode"):
+        tokenizer = decode
+
+        def decode(ids: list[int]) -> str:
+            return tokenizer.decode(ids, skip_special_tokens=True)
+
+    tokens, lengths = np.asarray(tokens), np.asarray(lengths)
+    if tokens.ndim < 1 or tokens.shape[:-1] != lengths.shape:
+        raise ValueError(
+            f"decode_completions needs tokens [..., N] and lengths [...], got {tokens.shape} and "
+            f"{lengths.shape}"
+        )
+    eos = frozenset(int(e) for e in eos_token_ids)
+    flat = np.empty(lengths.size, dtype=object)
+    rows = tokens.reshape(-1, tokens.shape[-1])
+    for i, (row, n) in enumerate(zip(rows, lengths.reshape(-1), strict=True)):
+        ids = row[: int(n)].tolist()
+        if ids and ids[-1] in eos:
+            ids.pop()
+        flat[i] = decode(ids)
+    return flat.reshape(lengths.shape).tolist() if lengths.ndim else flat[0]

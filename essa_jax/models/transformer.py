@@ -30,9 +30,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from essa_jax.models.config import ModelConfig
+from essa_jax.models.config import PROJECTIONS, ModelConfig
 
-LORA_TARGETS = ("q", "k", "v", "o", "gate", "up", "down")
 # Fused LoRA keys: one adapter for projections that read the same input, whose delta's output is
 # theirs concatenated in this order (e.g. [.., Hq*hd + 2*Hkv*hd] for "qkv"). Low-rank paths are
 # thin matmuls; one [in, 3r] matmul instead of three [in, r] ones saves two passes over x and,
@@ -331,10 +330,10 @@ def _decoder(
         targets = set(lora)
         if isinstance(layers, Sequence):
             layer_lora = per_layer_lora(lora, len(layers))
-    unknown = targets - set(LORA_TARGETS) - set(FUSED_LORA_TARGETS)
+    unknown = targets - set(PROJECTIONS) - set(FUSED_LORA_TARGETS)
     if unknown:
         raise ValueError(
-            f"unknown LoRA targets {sorted(unknown)}; valid: {LORA_TARGETS} or the fused "
+            f"unknown LoRA targets {sorted(unknown)}; valid: {PROJECTIONS} or the fused "
             f"{sorted(FUSED_LORA_TARGETS)}"
         )
     for fused, names in FUSED_LORA_TARGETS.items():

@@ -1,37 +1,29 @@
 """Population evaluation: all ESSA candidates as one batched, sharded generation program.
 
-See `engine` for the hot path, `mesh` for sharding and padding, `fitness` for rewards -> fitness.
+`engine`: the compiled program (P members x B prompts as P*B rows, shared weights, per-row singular
+values). `evaluator`: the evolution step around it (`essa_generation`: ask -> `PopulationEvaluator`
+-> tell), which owns the mesh, the padding, the host reward and the cross-process gather.
 """
 
 from essa_jax.population.engine import population_forward, population_generate
-from essa_jax.population.fitness import (
+from essa_jax.population.evaluator import (
     PopulationEval,
-    decode_completions,
-    evaluate_genome,
-    evaluate_population,
-    sample_prompt_indices,
-)
-from essa_jax.population.mesh import (
-    DATA_AXIS,
-    POP_AXIS,
-    make_population_mesh,
-    mesh_sizes,
-    padded_size,
-    replicate,
+    PopulationEvaluator,
+    PromptBatch,
+    Rows,
+    ScoreFn,
+    essa_generation,
+    text_reward,
 )
 
 __all__ = [
-    "DATA_AXIS",
-    "POP_AXIS",
     "PopulationEval",
-    "decode_completions",
-    "evaluate_genome",
-    "evaluate_population",
-    "make_population_mesh",
-    "mesh_sizes",
-    "padded_size",
+    "PopulationEvaluator",
+    "PromptBatch",
+    "Rows",
+    "ScoreFn",
+    "essa_generation",
     "population_forward",
     "population_generate",
-    "replicate",
-    "sample_prompt_indices",
+    "text_reward",
 ]

@@ -1,22 +1,24 @@
 """One compiled program for a whole population: P members x B prompts as P*B rows.
 
-The hot path of ESSA (DESIGN.md; arXiv 2507.04453 Sec. 3): every member shares the base weights W
-and the frozen SVD basis (V_A, M, U_B); only the singular values differ. Rows are stacked
-member-major (row n = member n // B, prompt n % B) and carry their member's singular values, so a
-layer computes
+The hot path of ESSA (docs/ARCHITECTURE.md, "Population"; arXiv 2507.04453 Sec. 3): every member
+shares the base weights W and the frozen SVD basis (V_A, M, U_B); only the singular values differ.
+Rows are stacked member-major (row n = member n // B, prompt n % B) and carry their member's
+singular values, so a layer computes
 
     y = x W + scale * ((((x V_A) * s_A[row]) M) * s_B[row]) U_B^T
 
 for all rows at once: no per-member weight matrix, no Python loop over members. Across devices,
-`jax.shard_map` over a (pop, data) mesh gives each device a slice of members and prompts; params and
-basis are replicated (see `mesh.replicate`).
+`jax.shard_map` over the (pop, data, model) mesh of `essa_jax.mesh` gives each device a slice of
+members and prompts; params and basis are replicated (placed once with `essa_jax.mesh.place`).
 
 Decoding runs as one flat batch of P*B rows through `essa_jax.models.generate`, greedy (ESSA's
 default, also Qiu et al. 2025) or sampled. Sampling passes one PRNG key per row,
 fold_in(fold_in(key, member), prompt), so a member's samples do not depend on how rows are split
 over devices.
 
-Population or prompt counts that do not divide the mesh are padded (see `mesh` module docstring).
+Population or prompt counts that do not divide the mesh are padded by the one rule of
+`essa_jax.mesh` (copies of member 0 / prompt 0, dropped afterwards; `keep_padding=True` returns the
+padded rows as they lie on the mesh, which is what the multi-process evaluator reads).
 """
 
 from __future__ import annotations
@@ -36,17 +38,8 @@ from essa_jax.lora.svd import (
     fuse_shared_input,
     population_svd_lora,
 )
+from essa_jax.mesh import DATA_AXIS, POP_AXIS, axis_size, pad_to, padded_size
 from essa_jax.models import Generation, forward, generate
-from essa_jax.population.mesh import DATA_AXIS, POP_AXIS, mesh_sizes, padded_size
-
-
-def _pad_axis(x: jax.Array, size: int, axis: int) -> jax.Array:
-    """Pad `x` along `axis` to `size` with copies of its first entry (member 0 / prompt 0)."""
-    n = x.shape[axis]
-    if n == size:
-        return x
-    first = jax.lax.slice_in_dim(x, 0, 1, axis=axis)
-    return jnp.concatenate([x, jnp.repeat(first, size - n, axis=axis)], axis=axis)
 
 
 def _check_inputs(layout: GenomeLayout, genomes: jax.Array, tokens: jax.Array) -> None:
@@ -66,8 +59,9 @@ def _check_inputs(layout: GenomeLayout, genomes: jax.Array, tokens: jax.Array) -
         )
 
 
-def _run(body, mesh: Mesh | None, params, basis, genomes, tokens, mask, key):
-    """Pad to the mesh, run `body` per shard (or once without a mesh), drop the padding.
+def _run(body, mesh: Mesh | None, params, basis, genomes, tokens, mask, key, keep_padding=False):
+    """Pad to the mesh, run `body` per shard (or once without a mesh), drop the padding unless
+    `keep_padding` (then the outputs are [P_pad, B_pad, ...], sharded (pop, data) on the mesh).
 
     body(params, basis, genomes [p, D], tokens [p, b, T], mask, member_ids [p], prompt_ids [b],
     key) -> pytree of [p, b, ...] arrays.
@@ -75,14 +69,14 @@ def _run(body, mesh: Mesh | None, params, basis, genomes, tokens, mask, key):
     num_members, num_prompts = genomes.shape[0], tokens.shape[-2]
     tokens = jnp.broadcast_to(tokens, (num_members,) + tokens.shape[-2:])
     mask = jnp.broadcast_to(mask, tokens.shape)
-    n_pop, n_data = mesh_sizes(mesh)
-    pp, bp = padded_size(num_members, n_pop), padded_size(num_prompts, n_data)
-    genomes = _pad_axis(genomes, pp, 0)
-    tokens = _pad_axis(_pad_axis(tokens, pp, 0), bp, 1)
-    mask = _pad_axis(_pad_axis(mask, pp, 0), bp, 1)
-    # Padded members/prompts reuse index 0: they are copies and are discarded below.
-    member_ids = _pad_axis(jnp.arange(num_members, dtype=jnp.int32), pp, 0)
-    prompt_ids = _pad_axis(jnp.arange(num_prompts, dtype=jnp.int32), bp, 0)
+    pp = padded_size(num_members, axis_size(mesh, POP_AXIS))
+    bp = padded_size(num_prompts, axis_size(mesh, DATA_AXIS))
+    genomes = pad_to(genomes, pp, 0)
+    tokens = pad_to(pad_to(tokens, pp, 0), bp, 1)
+    mask = pad_to(pad_to(mask, pp, 0), bp, 1)
+    # Padded members/prompts reuse index 0: they are copies and are discarded by the caller.
+    member_ids = pad_to(jnp.arange(num_members, dtype=jnp.int32), pp, 0)
+    prompt_ids = pad_to(jnp.arange(num_prompts, dtype=jnp.int32), bp, 0)
     args = (params, basis, genomes, tokens, mask, member_ids, prompt_ids, key)
     if mesh is None:
         out = body(*args)
@@ -97,6 +91,8 @@ def _run(body, mesh: Mesh | None, params, basis, genomes, tokens, mask, key):
             # per-shard values into it inside scan / while_loop; vma checking rejects that carry.
             check_vma=False,
         )(*args)
+    if keep_padding:
+        return out
     return jax.tree.map(lambda z: z[:num_members, :num_prompts], out)
 
 
@@ -135,7 +131,7 @@ def population_forward(
       genomes: `[P, D]` offsets to the SFT singular values (zero = SFT adapter).
       tokens: `[B, T]` shared by all members, or `[P, B, T]` per member; left-padded.
       attention_mask: same shape as tokens (1 = real token); default all ones.
-      mesh: optional (pop, data) mesh from `make_population_mesh`.
+      mesh: optional mesh of `essa_jax.mesh.make_mesh`.
     """
     _check_inputs(layout, genomes, tokens)
     tokens = jnp.asarray(tokens, jnp.int32)
@@ -183,11 +179,15 @@ def _generate_rows(
         "top_k",
         "top_p",
         "eos_token_ids",
+        "keep_padding",
     ),
 )
 def _population_generate(
-    params, basis, genomes, tokens, mask, key, *, config, layout, mesh, **settings
+    params, basis, genomes, tokens, mask, key, *, config, layout, mesh, keep_padding, **settings
 ):
+    if not jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
+        key = jax.random.wrap_key_data(key)  # raw uint32 [2] data (a key placed across hosts)
+
     def body(params, basis, genomes, tokens, mask, member_ids, prompt_ids, key):
         return _generate_rows(
             params,
@@ -203,7 +203,7 @@ def _population_generate(
             **settings,
         )
 
-    return _run(body, mesh, params, basis, genomes, tokens, mask, key)
+    return _run(body, mesh, params, basis, genomes, tokens, mask, key, keep_padding)
 
 
 def population_generate(
@@ -223,6 +223,7 @@ def population_generate(
     top_p: float = 1.0,
     eos_token_ids: Sequence[int] | None = None,
     mesh: Mesh | None = None,
+    keep_padding: bool = False,
 ) -> Generation:
     """Generate for every member on its prompts in one jitted program.
 
@@ -230,9 +231,10 @@ def population_generate(
       genomes: `[P, D]` candidate offsets to the SFT singular values.
       prompt_tokens, prompt_mask: `[B, T]` shared by all members or `[P, B, T]` per member
         (left-padded; every row's last slot real, as `models.generate` requires).
-      key: PRNG key; row (member i, prompt j) samples with fold_in(fold_in(key, i), j), so the
-        samples do not depend on the mesh. Unused when greedy.
-      mesh: optional (pop, data) mesh; P and B need not divide it (padding, see `mesh`).
+      key: PRNG key (typed, or raw uint32 [2] data); row (member i, prompt j) samples with
+        fold_in(fold_in(key, i), j), so the samples do not depend on the mesh. Unused when greedy.
+      mesh: optional mesh of `essa_jax.mesh.make_mesh`; P and B need not divide it (padding).
+      keep_padding: return the rows padded to the mesh, [P_pad, B_pad, ...], as they lie on it.
 
     Returns: `Generation` with fields `[P, B, N]` (tokens, logprobs, mask) and `[P, B]` (lengths,
     finished), N = max_new_tokens.
@@ -253,6 +255,7 @@ def population_generate(
         config=config,
         layout=layout,
         mesh=mesh,
+        keep_padding=bool(keep_padding),
         max_new_tokens=max_new_tokens,
         greedy=bool(greedy),
         temperature=temperature,

@@ -1,6 +1,6 @@
 """Reward functions and their safe composition. Rewards are maximised.
 
-Contract (docs/INTERFACES.md): a reward is a plain callable
+Contract (docs/ARCHITECTURE.md): a reward is a plain callable
 `fn(prompts: list[str], completions: list[str], **task_fields) -> list[float]`, one float per
 completion; task fields are lists aligned with the completions (e.g. `answer=[...]`); fields a
 reward does not use are ignored through `**_`.

@@ -1,54 +1,77 @@
-"""GRPO-family RL: group-relative and focal advantages, policy losses, the trainer step.
+"""GRPO-family RL: advantage estimators x advantage weightings, policy losses, the trainer step.
 
-GRPO is `group_advantages` + `policy_loss`; F-GRPO multiplies the advantages by `focal_weights`
-(arXiv 2602.06717). DAPO and CISPO are loss settings (`GRPOConfig.method`).
+The advantages of a step are `estimator(rewards) * weighting(rewards)`, both chosen by name from
+registries (`GRPOConfig.advantage`, `GRPOConfig.weighting`):
+
+  * estimators (`essa_jax.rl.advantage`): "group" (GRPO), "batch", "none" (Dr.GRPO); add one with
+    `register_estimator(name, fn)`;
+  * weightings (`essa_jax.rl.weighting`): "none", "focal" (F-GRPO, (1 - mu)^gamma per prompt group,
+    arXiv 2602.06717: F-GRPO's separate transform, on the advantages before the loss, not an optax
+    gradient transform); add one (or a group filter) with `register_weighting(name, fn)`;
+
+each registered function being `fn(rewards [B], group_size, cfg) -> [B]`. The loss is
+`policy_loss` of kind `GRPOConfig.loss` (`LOSS_KINDS`: "grpo", also DAPO with eps_high = 0.28;
+"cispo"), reduced by one of `AGGREGATIONS`. What is trained (LoRA, singular values, ESSA's genome)
+is the caller's choice: see `essa_jax.lora.policies`.
 
 `GRPOTrainer.step` returns per-step metrics (floats): reward_mean / reward_std,
-zero_variance_frac (groups with no signal), focal_weight_mean, clip_low_frac / clip_high_frac,
-ratio_mean / ratio_min / ratio_max, kl (k3, to the base model; 0 when beta = 0 and no reference),
-entropy, loss / pg_loss, adv_*, completion_len_mean, truncation_rate (no EOS within
-max_new_tokens), grad_norm (before clipping), update_norm, tokens_per_s (completion tokens per
-second of the whole step), rollout_tokens_per_s, rollout_s, reward_s, score_s, update_s, step_s.
+zero_variance_frac (groups with no signal), focal_weight_mean (mean advantage weight; 1 with
+weighting "none"), clip_low_frac / clip_high_frac, ratio_mean / ratio_min / ratio_max, kl (k3, to
+the base model; 0 when beta = 0 and no reference), entropy, loss / pg_loss, adv_*,
+completion_len_mean, truncation_rate (no EOS within max_new_tokens), grad_norm (before clipping),
+update_norm, tokens_per_s (completion tokens per second of the whole step), rollout_tokens_per_s,
+rollout_s, reward_s, score_s, update_s, step_s.
 """
 
-from essa_jax.rl.advantages import (
-    focal_group_advantages,
-    focal_weights,
+from essa_jax.rl.advantage import (
+    estimator_names,
+    get_estimator,
     group_advantages,
-    success_rate,
+    register_estimator,
     zero_variance_fraction,
 )
-from essa_jax.rl.config import GRPOConfig
-from essa_jax.rl.losses import aggregate, k3_kl, policy_loss
+from essa_jax.rl.config import GRPOConfig, GRPOConfigError
+from essa_jax.rl.losses import AGGREGATIONS, LOSS_KINDS, aggregate, k3_kl, policy_loss
 from essa_jax.rl.trainer import (
     FrozenPolicy,
     GRPOState,
     GRPOTrainer,
     RolloutBatch,
     compute_advantages,
-    genome_policy,
-    lora_policy,
     make_optimizer,
-    svd_policy,
+)
+from essa_jax.rl.weighting import (
+    focal_group_advantages,
+    focal_weights,
+    get_weighting,
+    register_weighting,
+    success_rate,
+    weighting_names,
 )
 
 __all__ = [
+    "AGGREGATIONS",
+    "LOSS_KINDS",
     "FrozenPolicy",
     "GRPOConfig",
+    "GRPOConfigError",
     "GRPOState",
     "GRPOTrainer",
     "RolloutBatch",
-    "compute_advantages",
-    "genome_policy",
-    "lora_policy",
-    "make_optimizer",
-    "svd_policy",
     "aggregate",
+    "compute_advantages",
+    "estimator_names",
     "focal_group_advantages",
     "focal_weights",
+    "get_estimator",
+    "get_weighting",
     "group_advantages",
     "k3_kl",
+    "make_optimizer",
     "policy_loss",
+    "register_estimator",
+    "register_weighting",
     "success_rate",
+    "weighting_names",
     "zero_variance_fraction",
 ]

@@ -1,9 +1,20 @@
-"""Configuration of the GRPO-family trainer (GRPO, DAPO, CISPO and their focal F-variants).
+"""Configuration of the GRPO-family trainer (GRPO, DAPO, CISPO, Dr.GRPO and their focal F-variants).
 
 Defaults are the F-GRPO paper's (arXiv 2602.06717, Sec. 5): beta = 0 (no KL), clip 0.2 / 0.2,
 token-mean aggregation, AdamW lr 1e-6, weight decay 0.01, grad clip 1.0, N = 8 rollouts per prompt,
-temperature 1.0. `gamma = 0` (the default) is plain GRPO; the paper's focal setting is gamma = 0.5.
-`GRPOConfig.preset(name)` gives each method of the paper with its settings.
+temperature 1.0. The methods are settings of three orthogonal choices:
+
+  * the loss (`loss`, a kind of `essa_jax.rl.losses.LOSS_KINDS`) with its clip range:
+      GRPO    loss="grpo", eps_low=0.2, eps_high=0.2 (the defaults);
+      DAPO    the "grpo" loss with clip-higher, eps_high=0.28 (arXiv 2503.14476);
+      CISPO   loss="cispo", eps_low=1.0, eps_high=5.0 (the F-GRPO paper's setting);
+  * the advantage estimator (`advantage`, a name of `essa_jax.rl.advantage`): "group" (GRPO),
+    "batch", "none" (Dr.GRPO, with agg="seq_mean_token_sum_norm", arXiv 2503.20783);
+  * the advantage weighting (`weighting`, a name of `essa_jax.rl.weighting`): "none", or "focal"
+    with gamma > 0 for the F-variants (F-GRPO, F-DAPO, F-CISPO; the paper's gamma is 0.5).
+
+What is trained (LoRA factors, singular values, ESSA's genome) is not part of the config: the caller
+chooses it (`essa_jax.lora.policies`).
 """
 
 from __future__ import annotations
@@ -12,24 +23,49 @@ import dataclasses
 import math
 from typing import Any
 
-from essa_jax.rl.advantages import ADVANTAGE_SCALES
-from essa_jax.rl.losses import AGGREGATIONS
-
-METHODS = ("grpo", "dapo", "cispo")
-# Clip ranges (eps_low, eps_high) per method: GRPO symmetric 0.2; DAPO "clip-higher" 0.2 / 0.28
-# (arXiv 2503.14476); CISPO clips the IS weight to [1 - 1.0, 1 + 5.0] (F-GRPO paper, Sec. 5).
-DEFAULT_CLIP = {"grpo": (0.2, 0.2), "dapo": (0.2, 0.28), "cispo": (1.0, 5.0)}
-PRESETS = ("grpo", "dapo", "cispo", "f-grpo", "f-dapo", "f-cispo", "dr-grpo", "svd-grpo")
+from essa_jax.rl.advantage import estimator_names
+from essa_jax.rl.losses import AGGREGATIONS, LOSS_KINDS
+from essa_jax.rl.weighting import weighting_names
 
 
-def _positive_int(name: str, v: Any) -> None:
-    if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-        raise ValueError(f"GRPOConfig.{name} must be a positive int, got {v!r}")
+class GRPOConfigError(ValueError):
+    """A `GRPOConfig` field holds an invalid value; `field` names it, `valid` says what is valid."""
+
+    def __init__(self, field: str, value: Any, valid: str, hint: str = ""):
+        self.field = field
+        self.value = value
+        self.valid = valid
+        self.hint = hint
+        msg = f"GRPOConfig.{field} must be {valid}, got {value!r}"
+        super().__init__(msg + (f"; {hint}" if hint else ""))
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_num(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _int_at_least(name: str, v: Any, low: int, hint: str = "") -> None:
+    if not (_is_int(v) and v >= low):
+        raise GRPOConfigError(name, v, f"an int >= {low}", hint)
 
 
 def _nonneg(name: str, v: Any) -> None:
-    if not (isinstance(v, int | float) and math.isfinite(v) and v >= 0):
-        raise ValueError(f"GRPOConfig.{name} must be a finite number >= 0, got {v!r}")
+    if not (_is_num(v) and v >= 0):
+        raise GRPOConfigError(name, v, "a finite number >= 0")
+
+
+def _positive(name: str, v: Any) -> None:
+    if not (_is_num(v) and v > 0):
+        raise GRPOConfigError(name, v, "a finite number > 0")
+
+
+def _choice(name: str, v: Any, valid: tuple[str, ...]) -> None:
+    if v not in valid:
+        raise GRPOConfigError(name, v, "one of " + " | ".join(map(repr, valid)))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,17 +73,21 @@ class GRPOConfig:
     """Hyper-parameters of one GRPO-family training step (frozen, hashable: a jit static arg).
 
     Attributes (paper symbols in brackets):
-      group_size: rollouts per prompt [N].
-      method: "grpo" | "dapo" | "cispo". DAPO is the GRPO loss with clip-higher; the loss kind
-        follows from the method (grpo/dapo -> clipped ratio, cispo -> clipped detached weight).
-      eps_low, eps_high: clip range [1 - eps_low, 1 + eps_high]; None = the method's default
-        (DEFAULT_CLIP).
+      group_size: rollouts per prompt [N], >= 2 (group-relative advantages).
+      loss: policy-loss kind of `essa_jax.rl.losses.policy_loss`: "grpo" (clipped ratio: GRPO,
+        and DAPO with eps_high = 0.28) | "cispo" (clipped, detached IS weight).
+      eps_low, eps_high: clip range [1 - eps_low, 1 + eps_high] of the ratio ("grpo", eps_low < 1)
+        or of the weight ("cispo"; the paper's 1.0 / 5.0). No per-loss default: set them.
       agg: loss aggregation, "token_mean" (DAPO / F-GRPO) | "seq_mean_token_mean" (GRPO) |
         "seq_mean_token_sum_norm" (Dr.GRPO).
       max_len: Dr.GRPO's constant normaliser; None = max_new_tokens.
-      adv_scale: advantage std, "group" | "batch" | "none" (Dr.GRPO).
+      advantage: name of the advantage estimator (`essa_jax.rl.advantage`): "group" | "batch" |
+        "none" (Dr.GRPO) or one registered with `register_estimator`.
       adv_eps: added to the std [eps]. adv_ddof: 1 = Bessel-corrected std (TRL), 0 = population.
-      gamma: focal exponent [gamma]; 0 = plain GRPO, 0.5 = the F-GRPO paper's best.
+      weighting: name of the advantage weighting (`essa_jax.rl.weighting`): "none" | "focal"
+        (F-GRPO) or one registered with `register_weighting`.
+      gamma: focal exponent [gamma] of weighting "focal"; 0 = plain GRPO, 0.5 = the F-GRPO paper's
+        best. Must be 0 with weighting "none".
       r_correct, r_wrong: rewards of a correct / wrong rollout (define the success rate mu).
       beta: k3 KL weight [beta] to the base model (adapter disabled).
       learning_rate, weight_decay, max_grad_norm, adam_b1, adam_b2, adam_eps: AdamW + clipping.
@@ -56,17 +96,21 @@ class GRPOConfig:
       max_new_tokens, temperature, top_k, top_p: sampling of the rollouts.
       use_generation_logprobs: use the sampler's per-token log-probs as old_logp instead of
         recomputing them with a teacher-forced forward pass (see trainer docs).
+
+    Invalid values raise `GRPOConfigError` (a ValueError) naming the field. The estimator and
+    weighting names are checked against the registries, so register before building the config.
     """
 
     group_size: int = 8
-    method: str = "grpo"
-    eps_low: float | None = None
-    eps_high: float | None = None
+    loss: str = "grpo"
+    eps_low: float = 0.2
+    eps_high: float = 0.2
     agg: str = "token_mean"
     max_len: int | None = None
-    adv_scale: str = "group"
+    advantage: str = "group"
     adv_eps: float = 1e-6
     adv_ddof: int = 1
+    weighting: str = "none"
     gamma: float = 0.0
     r_correct: float = 1.0
     r_wrong: float = 0.0
@@ -86,65 +130,59 @@ class GRPOConfig:
     use_generation_logprobs: bool = False
 
     def __post_init__(self) -> None:
-        _positive_int("group_size", self.group_size)
-        if self.method not in METHODS:
-            raise ValueError(f"GRPOConfig.method must be one of {METHODS}, got {self.method!r}")
-        lo, hi = DEFAULT_CLIP[self.method]
-        if self.eps_low is None:
-            object.__setattr__(self, "eps_low", lo)
-        if self.eps_high is None:
-            object.__setattr__(self, "eps_high", hi)
+        _int_at_least("group_size", self.group_size, 2, "group-relative advantages need N >= 2")
+        _choice("loss", self.loss, LOSS_KINDS)
         _nonneg("eps_low", self.eps_low)
         _nonneg("eps_high", self.eps_high)
-        if self.method != "cispo" and self.eps_low >= 1.0:
-            raise ValueError(
-                f"GRPOConfig.eps_low={self.eps_low} must be < 1 for the clipped-ratio loss of "
-                f"{self.method!r} (the ratio is positive)"
-            )
-        if self.agg not in AGGREGATIONS:
-            raise ValueError(f"GRPOConfig.agg must be one of {AGGREGATIONS}, got {self.agg!r}")
+        if self.loss == "grpo" and self.eps_low >= 1.0:
+            raise GRPOConfigError(
+                "eps_low", self.eps_low, "< 1 for the clipped-ratio loss 'grpo'",
+                "the ratio is positive; CISPO's eps_low = 1.0 needs loss='cispo'",
+            )  # fmt: skip
+        _choice("agg", self.agg, AGGREGATIONS)
         if self.max_len is not None:
-            _positive_int("max_len", self.max_len)
-        if self.adv_scale not in ADVANTAGE_SCALES:
-            raise ValueError(
-                f"GRPOConfig.adv_scale must be one of {ADVANTAGE_SCALES}, got {self.adv_scale!r}"
-            )
+            _int_at_least("max_len", self.max_len, 1)
+        _choice("advantage", self.advantage, estimator_names())
         _nonneg("adv_eps", self.adv_eps)
-        if self.adv_ddof not in (0, 1):
-            raise ValueError(f"GRPOConfig.adv_ddof must be 0 or 1, got {self.adv_ddof!r}")
-        if self.adv_scale != "none" and self.adv_ddof >= self.group_size:
-            raise ValueError(
-                f"GRPOConfig.group_size={self.group_size} is too small for a std with "
-                f"adv_ddof={self.adv_ddof}; use group_size >= 2 or adv_ddof=0"
-            )
+        if self.adv_ddof not in (0, 1) or isinstance(self.adv_ddof, bool):
+            raise GRPOConfigError("adv_ddof", self.adv_ddof, "0 or 1")
+        _choice("weighting", self.weighting, weighting_names())
         _nonneg("gamma", self.gamma)
+        if self.weighting == "none" and self.gamma != 0:
+            raise GRPOConfigError(
+                "gamma", self.gamma, "0 with weighting='none'",
+                "the focal exponent acts only with weighting='focal' (F-GRPO)",
+            )  # fmt: skip
+        for name in ("r_correct", "r_wrong"):
+            if not _is_num(getattr(self, name)):
+                raise GRPOConfigError(name, getattr(self, name), "a finite number")
         if self.r_correct == self.r_wrong:
-            raise ValueError(
-                f"GRPOConfig.r_correct and r_wrong must differ, both are {self.r_correct!r}"
+            raise GRPOConfigError(
+                "r_correct", self.r_correct, f"different from r_wrong={self.r_wrong!r}"
             )
         _nonneg("beta", self.beta)
-        if not (self.learning_rate > 0 and math.isfinite(self.learning_rate)):
-            raise ValueError(f"GRPOConfig.learning_rate must be > 0, got {self.learning_rate!r}")
+        _positive("learning_rate", self.learning_rate)
         _nonneg("weight_decay", self.weight_decay)
-        if not self.max_grad_norm > 0:
-            raise ValueError(f"GRPOConfig.max_grad_norm must be > 0, got {self.max_grad_norm!r}")
-        _positive_int("epochs", self.epochs)
-        _positive_int("num_minibatches", self.num_minibatches)
-        _positive_int("max_new_tokens", self.max_new_tokens)
-        if not self.temperature > 0:
-            raise ValueError(
-                f"GRPOConfig.temperature must be > 0 (sampling; greedy rollouts have no group "
-                f"variance), got {self.temperature!r}"
-            )
-        if not (isinstance(self.top_k, int) and self.top_k >= 0):
-            raise ValueError(f"GRPOConfig.top_k must be an int >= 0, got {self.top_k!r}")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"GRPOConfig.top_p must be in (0, 1], got {self.top_p!r}")
-
-    @property
-    def loss_kind(self) -> str:
-        """The `policy_loss` kind of the method: "cispo" for CISPO, else "grpo"."""
-        return "cispo" if self.method == "cispo" else "grpo"
+        if not (isinstance(self.max_grad_norm, int | float) and self.max_grad_norm > 0):
+            raise GRPOConfigError("max_grad_norm", self.max_grad_norm, "a number > 0 (inf = none)")
+        for name in ("adam_b1", "adam_b2"):
+            v = getattr(self, name)
+            if not (_is_num(v) and 0 <= v < 1):
+                raise GRPOConfigError(name, v, "a number in [0, 1)")
+        _positive("adam_eps", self.adam_eps)
+        _int_at_least("epochs", self.epochs, 1)
+        _int_at_least("num_minibatches", self.num_minibatches, 1)
+        _int_at_least("max_new_tokens", self.max_new_tokens, 1)
+        if not (_is_num(self.temperature) and self.temperature > 0):
+            raise GRPOConfigError(
+                "temperature", self.temperature, "> 0",
+                "sampling: greedy rollouts have no group variance",
+            )  # fmt: skip
+        _int_at_least("top_k", self.top_k, 0)
+        if not (_is_num(self.top_p) and 0 < self.top_p <= 1):
+            raise GRPOConfigError("top_p", self.top_p, "in (0, 1]")
+        if not isinstance(self.use_generation_logprobs, bool):
+            raise GRPOConfigError("use_generation_logprobs", self.use_generation_logprobs, "a bool")
 
     @property
     def norm_len(self) -> int:
@@ -163,26 +201,3 @@ class GRPOConfig:
                 f"GRPOConfig.num_minibatches={self.num_minibatches} must divide the number of "
                 f"rollouts per step ({num_rollouts} = prompts x group_size)"
             )
-
-    @classmethod
-    def preset(cls, name: str, **overrides: Any) -> GRPOConfig:
-        """The paper settings of a method (F-GRPO arXiv 2602.06717, Sec. 5), with overrides.
-
-        "grpo" / "dapo" / "cispo": gamma = 0; "f-grpo" / "f-dapo" / "f-cispo": gamma = 0.5;
-        "dr-grpo": no std scaling, constant-length aggregation (arXiv 2503.20783);
-        "svd-grpo": GRPO (the ESSA paper's baseline; the trainable parameters are chosen by the
-        caller, not by the config).
-        """
-        table: dict[str, dict[str, Any]] = {
-            "grpo": {"method": "grpo"},
-            "dapo": {"method": "dapo"},
-            "cispo": {"method": "cispo"},
-            "f-grpo": {"method": "grpo", "gamma": 0.5},
-            "f-dapo": {"method": "dapo", "gamma": 0.5},
-            "f-cispo": {"method": "cispo", "gamma": 0.5},
-            "dr-grpo": {"method": "grpo", "adv_scale": "none", "agg": "seq_mean_token_sum_norm"},
-            "svd-grpo": {"method": "grpo"},
-        }
-        if name not in table:
-            raise ValueError(f"unknown GRPO preset {name!r}; valid presets: {PRESETS}")
-        return cls(**{**table[name], **overrides})

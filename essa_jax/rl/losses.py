@@ -14,6 +14,8 @@ import jax.numpy as jnp
 
 LossKind = Literal["grpo", "cispo"]
 Aggregation = Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"]
+# The one list of each (GRPOConfig and the experiment config validate against them). DAPO is not a
+# kind: it is "grpo" with clip-higher (eps_high = 0.28).
 LOSS_KINDS = ("grpo", "cispo")
 AGGREGATIONS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm")
 

@@ -4,7 +4,9 @@ One step (GRPO, arXiv 2402.03300, Alg. 1; F-GRPO, arXiv 2602.06717):
   1. rollouts: each prompt repeated `group_size` times (groups contiguous) and sampled with the
      current adapter (`essa_jax.models.generate`, temperature T);
   2. rewards from a host function `reward_fn(prompts, completions, **task_fields) -> list[float]`;
-  3. advantages: `group_advantages`, times `focal_weights` when gamma > 0;
+  3. advantages: `compute_advantages` = the estimator `cfg.advantage` (`essa_jax.rl.advantage`:
+     "group" = GRPO) times the weighting `cfg.weighting` (`essa_jax.rl.weighting`: "focal" =
+     F-GRPO's (1 - mu)^gamma per prompt group, applied to the advantages before the loss);
   4. old log-probs (the behaviour policy) and, when beta > 0, reference log-probs: the *base model
      with the adapter disabled* (lora=None), so no second copy of the weights exists;
   5. `epochs` passes of `num_minibatches` AdamW updates, each one jitted call of
@@ -14,7 +16,8 @@ What is trained is decided by the caller through two inputs, so GRPO on a LoRA a
 SVD-GRPO baseline (gradients on the singular values only, U and V frozen) share all the code:
   * `trainable`: the pytree the optimiser updates (LoRA dict, singular values, or a genome);
   * `to_lora(trainable, frozen_adapter) -> {target: adapter}`: the model's LoRA hook argument.
-`lora_policy`, `svd_policy` and `genome_policy` build the three standard choices.
+`essa_jax.lora.policies` (`lora_policy`, `svd_policy`, `genome_policy`) builds the standard choices;
+this module knows nothing of them (the default `to_lora` passes `trainable` through as the LoRA).
 
 Old log-probs: by default they are recomputed with a teacher-forced pass (`sequence_logprobs`), the
 same code path as the training log-probs, so at the first update the ratio is exactly 1. The
@@ -39,13 +42,14 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from essa_jax.lora.svd import GenomeLayout, SVDBasis, SVDLoRA, genome_to_svd_lora
 from essa_jax.models.config import ModelConfig
 from essa_jax.models.generate import Generation, generate
 from essa_jax.models.logprobs import sequence_logprobs
-from essa_jax.rl.advantages import focal_weights, group_advantages, zero_variance_fraction
+from essa_jax.models.tokenizer import decode_completions
+from essa_jax.rl.advantage import get_estimator, zero_variance_fraction
 from essa_jax.rl.config import GRPOConfig
 from essa_jax.rl.losses import policy_loss
+from essa_jax.rl.weighting import get_weighting
 
 ToLora = Callable[[Any, Any], Mapping[str, Any] | None]
 RewardFn = Callable[..., Sequence[float]]
@@ -90,55 +94,10 @@ class RolloutBatch:
     ref_logp: jax.Array | None = None
 
 
-# ----------------------------------------------------------------------------- trainable choices
-
-
 def _plain_to_lora(trainable: Any, frozen_adapter: Any) -> Mapping[str, Any]:
+    """The default `to_lora`: `trainable` is the LoRA dict itself."""
     del frozen_adapter
     return trainable
-
-
-def _svd_to_lora(trainable: Mapping[str, Any], frozen_adapter: Mapping[str, SVDLoRA]):
-    return {
-        t: ad.replace(s_a=trainable[t]["s_a"], s_b=trainable[t]["s_b"])
-        for t, ad in frozen_adapter.items()
-    }
-
-
-def lora_policy(lora: Mapping[str, Any]) -> tuple[Any, Any, ToLora]:
-    """Train every LoRA factor: (trainable = the LoRA dict, frozen adapter None, to_lora)."""
-    return dict(lora), None, _plain_to_lora
-
-
-def svd_policy(svd_lora: Mapping[str, SVDLoRA]) -> tuple[Any, Any, ToLora]:
-    """SVD-GRPO (the ESSA paper's baseline, arXiv 2507.04453, Sec. 4): train s_A, s_B only.
-
-    trainable = {target: {"s_a": [L, r], "s_b": [L, r]}}; U_A, V_A, M, U_B stay frozen.
-    AdamW's weight decay would pull the singular values towards 0 (shrinking the SFT adapter);
-    use weight_decay=0 here, or `genome_policy`, whose parameters are offsets from the SFT values.
-    """
-    for t, ad in svd_lora.items():
-        if not isinstance(ad, SVDLoRA) or ad.s_a.ndim != 2:
-            raise ValueError(
-                f"svd_policy needs one SVDLoRA per target with s_a [L, r]; target {t!r} is "
-                f"{type(ad).__name__}" + (f" with s_a {ad.s_a.shape}" if hasattr(ad, "s_a") else "")
-            )
-    trainable = {t: {"s_a": ad.s_a, "s_b": ad.s_b} for t, ad in svd_lora.items()}
-    return trainable, dict(svd_lora), _svd_to_lora
-
-
-def genome_policy(
-    basis: SVDBasis, layout: GenomeLayout, genome: jax.Array
-) -> tuple[Any, Any, ToLora]:
-    """SVD-GRPO over ESSA's genome (offsets to the SFT singular values, `[D]`): the same
-    parameters CMA-ES searches, trained by gradient instead."""
-
-    def to_lora(g: jax.Array, b: SVDBasis) -> dict[str, SVDLoRA]:
-        # Pytree flattening (jit arguments) sorts dict keys; the layout fixes the genome order.
-        b = b.replace(factors={t: b.factors[t] for t in layout.targets})
-        return genome_to_svd_lora(b, layout, g)
-
-    return jnp.asarray(genome), basis, to_lora
 
 
 # ----------------------------------------------------------------------------- building blocks
@@ -159,9 +118,17 @@ def make_optimizer(cfg: GRPOConfig) -> optax.GradientTransformation:
 
 
 def compute_advantages(rewards: jax.Array, cfg: GRPOConfig) -> tuple[jax.Array, jax.Array]:
-    """(advantages, focal weights) per rollout; weights are 1 when gamma = 0 (plain GRPO)."""
-    adv = group_advantages(rewards, cfg.group_size, cfg.adv_scale, cfg.adv_eps, cfg.adv_ddof)
-    weights = focal_weights(rewards, cfg.group_size, cfg.gamma, cfg.r_correct, cfg.r_wrong)
+    """(weights * advantages, weights) per rollout, `[B]` each.
+
+    advantages = `get_estimator(cfg.advantage)(rewards, cfg.group_size, cfg)` and weights =
+    `get_weighting(cfg.weighting)(rewards, cfg.group_size, cfg)`, both looked up by name in their
+    registries (`essa_jax.rl.advantage`, `essa_jax.rl.weighting`): registering a new estimator or
+    weighting (e.g. a group filter) needs no change here. The weighting is F-GRPO's separate
+    transform: it scales the advantages per prompt group before the loss (weights are 1 with
+    weighting "none"), and is a constant for the optimiser.
+    """
+    adv = get_estimator(cfg.advantage)(rewards, cfg.group_size, cfg)
+    weights = jax.lax.stop_gradient(get_weighting(cfg.weighting)(rewards, cfg.group_size, cfg))
     return weights * adv, weights
 
 
@@ -178,8 +145,8 @@ class GRPOTrainer:
     Args:
       model_config: the model's `ModelConfig`.
       cfg: `GRPOConfig`.
-      to_lora: `(trainable, frozen_adapter) -> {target: adapter}` (see `lora_policy`,
-        `svd_policy`, `genome_policy`).
+      to_lora: `(trainable, frozen_adapter) -> {target: adapter}` (see `essa_jax.lora.policies`);
+        default: `trainable` is the LoRA dict.
       reward_fn: host reward `fn(prompts, completions, **task_fields) -> list[float]`, maximised.
       decode: token ids -> text of a completion (EOS already stripped).
       optimizer: optax transformation; default `make_optimizer(cfg)`.
@@ -302,7 +269,7 @@ class GRPOTrainer:
             old,
             batch.advantages,
             batch.completion_mask,
-            kind=cfg.loss_kind,
+            kind=cfg.loss,
             eps_low=cfg.eps_low,
             eps_high=cfg.eps_high,
             agg=cfg.agg,
@@ -414,13 +381,9 @@ class GRPOTrainer:
         t_roll = time.perf_counter() - t0
 
         t0 = time.perf_counter()
-        tokens_np = np.asarray(gen.tokens)
         lengths = np.asarray(gen.lengths)
         finished = np.asarray(gen.finished)
-        completions = []
-        for i in range(num_rollouts):
-            n = int(lengths[i]) - (1 if finished[i] else 0)  # drop the EOS token
-            completions.append(self.decode(tokens_np[i, :n].tolist()))
+        completions = decode_completions(self.decode, gen.tokens, lengths, self.eos_token_ids)
         rep = lambda xs: [x for x in xs for _ in range(cfg.group_size)]  # noqa: E731
         rewards = self.reward_fn(
             rep(prompts), completions, **{k: rep(v) for k, v in task_fields.items()}

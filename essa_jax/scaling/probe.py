@@ -1,21 +1,20 @@
-"""A self-contained ESSA generation over a device mesh, for scaling measurements and tests.
+"""A self-contained ESSA run over the run mesh, for scaling measurements and tests.
 
-One generation exactly as ESSA distributes it (arXiv 2507.04453, Sec. 3): every process asks the
-same strategy state with the same key (the identical population, regenerated locally), the
-population is sharded over the mesh's population axis (each device generates for its members only:
-one batch of members x prompts rows against shared base weights), the fitness vector is replicated
-(one all-gather of P floats) and every process applies the identical `tell`.
+The generation is the library's own (`essa_jax.population.essa_generation` with a
+`PopulationEvaluator`), exactly as ESSA distributes it (arXiv 2507.04453, Sec. 3): every process
+asks the same strategy state with the same key, each device generates for its members only (one
+batch of members x prompts rows against shared base weights), each process scores its own rows,
+the per-row scores are gathered and every process applies the identical `tell`.
 
 Fitness here is the mean log-probability of a member's greedy completions on fixed random prompts:
 continuous (so a member mix-up or a layout dependence shows in the numbers) and free of tokenizers
-and tasks. The model is `essa_jax.train.tiny` (random weights); the adapter is a LoRA with a random
+and tasks. The model is `essa_jax.models.tiny` (random weights); the adapter is a LoRA with a random
 non-zero B (a fresh LoRA has B = 0, hence s_B = 0, and the genome could not act).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from functools import partial
 from typing import Any
 
 import jax
@@ -24,24 +23,26 @@ import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from essa_jax import distributed as D
 from essa_jax import lora as lora_lib
 from essa_jax.es import get_strategy
+from essa_jax.mesh import POP_AXIS, make_mesh
 from essa_jax.models import forward
+from essa_jax.models.tiny import tiny_model
+from essa_jax.population import (
+    PopulationEval,
+    PopulationEvaluator,
+    PromptBatch,
+    Rows,
+    essa_generation,
+)
 from essa_jax.scaling import comm
-from essa_jax.train.rollouts import Sampler
-from essa_jax.train.tiny import tiny_model
 
 
-def member_fitness(params, basis, genomes, tokens, mask, key, *, layout, sampler):
-    """Fitness of one device's members: genomes [P_local, D] -> [P_local] (maximised)."""
-    p, b = genomes.shape[0], tokens.shape[0]
-    lora = lora_lib.population_svd_lora(basis, layout, genomes, b)
-    out = sampler(
-        params, jnp.tile(tokens, (p, 1)), jnp.tile(mask, (p, 1)), key, lora=lora, greedy=True
-    )
-    lp = jnp.sum(out.logprobs * out.mask, axis=-1) / jnp.maximum(jnp.sum(out.mask, axis=-1), 1)
-    return lp.reshape(p, b).mean(axis=-1)
+def mean_logprob(rows: Rows) -> np.ndarray:
+    """Score of each row: the mean log-probability of its generated tokens."""
+    g = rows.generation
+    lp = np.asarray(g.logprobs, np.float32) * np.asarray(g.mask, np.float32)
+    return lp.sum(axis=-1) / np.maximum(np.asarray(g.mask, np.float32).sum(axis=-1), 1)
 
 
 @dataclasses.dataclass
@@ -49,41 +50,36 @@ class MeshESSA:
     """The pieces of a mesh-wide ESSA run; `generation(state, g)` advances it by one."""
 
     strategy: Any
-    layout: Any
-    mesh: Any
-    fitness_fn: Any  # jitted: (params, basis, genomes, tokens, mask, key) -> fitness [P] sharded
-    shared: tuple  # global (params, basis, tokens, mask)
+    evaluator: PopulationEvaluator
+    basis: Any
+    batch: PromptBatch
     run_key: jax.Array
 
+    @property
+    def mesh(self):
+        return self.evaluator.mesh
+
     def population(self, state: Any, g: int) -> tuple[jax.Array, jax.Array]:
+        """The population of generation g and its evaluation key (as `essa_generation` draws)."""
         k_ask, k_gen = jax.random.split(jax.random.fold_in(self.run_key, g))
         return self.strategy.ask(k_ask, state), k_gen
 
+    def evaluate(self, z: jax.Array, k_gen: jax.Array) -> PopulationEval:
+        return self.evaluator(self.basis, z, self.batch, k_gen)
+
     def fitness(self, z: jax.Array, k_gen: jax.Array) -> np.ndarray:
-        params, basis, tokens, mask = self.shared
-        z_global = D.host_to_global(z, self.mesh, P(D.POPULATION_AXIS))
-        f = self.fitness_fn(
-            params, basis, z_global, tokens, mask, D.host_to_global(k_gen, self.mesh)
-        )
-        return np.asarray(D.replicate(f, self.mesh).addressable_data(0))
+        return self.evaluate(z, k_gen).fitness
 
     def generation(self, state: Any, g: int) -> tuple[Any, np.ndarray]:
-        z, k_gen = self.population(state, g)
-        fitness = self.fitness(z, k_gen)
-        return self.strategy.tell(state, z, jnp.asarray(fitness)), fitness
+        state, ev = essa_generation(
+            self.strategy, state, jax.random.fold_in(self.run_key, g), self.evaluate
+        )
+        return state, ev.fitness
 
     def lowered_fitness(self, state: Any):
-        """The compiled-able fitness program (for communication accounting)."""
+        """The generation program, lowered (for communication accounting)."""
         z, k_gen = self.population(state, 0)
-        params, basis, tokens, mask = self.shared
-        return self.fitness_fn.lower(
-            params,
-            basis,
-            D.host_to_global(z, self.mesh, P(D.POPULATION_AXIS)),
-            tokens,
-            mask,
-            D.host_to_global(k_gen, self.mesh),
-        )
+        return self.evaluator.lower(self.basis, z, self.batch, k_gen)
 
 
 def make_mesh_essa(
@@ -98,17 +94,11 @@ def make_mesh_essa(
     seed: int = 0,
     mesh: Any = None,
 ) -> tuple[MeshESSA, Any]:
-    """(MeshESSA, initial strategy state); the mesh defaults to `D.global_mesh()` (all devices).
+    """(MeshESSA, initial strategy state); the mesh defaults to `make_mesh()` (all devices).
 
-    population_size must be a multiple of the mesh's population axis.
+    population_size need not divide the mesh's population axis (padding, `essa_jax.mesh`).
     """
-    mesh = D.global_mesh() if mesh is None else mesh
-    shards = mesh.shape[D.POPULATION_AXIS]
-    if population_size % shards:
-        raise ValueError(
-            f"population_size={population_size} is invalid: must be a multiple of the {shards} "
-            "devices on the population axis"
-        )
+    mesh = make_mesh() if mesh is None else mesh
     key = jax.random.PRNGKey(seed)
     k_lora, k_b, k_prompt, k_init, k_run = jax.random.split(key, 5)
     cfg, params = tiny_model(preset, seed)
@@ -123,35 +113,33 @@ def make_mesh_essa(
         "cma_es", num_dims=layout.size, population_size=population_size, sigma_init=sigma_init
     )
     state = strategy.init(k_init, jnp.zeros((layout.size,), jnp.float32))
-    tokens = jax.random.randint(k_prompt, (prompts, prompt_len), 3, 99)
-    mask = jnp.ones_like(tokens)
-    sampler = Sampler(cfg, new_tokens, (2,), 0)
-    fn = jax.jit(
-        jax.shard_map(
-            partial(member_fitness, layout=layout, sampler=sampler),
-            mesh=mesh,
-            in_specs=(P(), P(), P(D.POPULATION_AXIS), P(), P(), P()),
-            out_specs=P(D.POPULATION_AXIS),
-            # The sampler's while_loop mixes replicated and member-varying carries.
-            check_vma=False,
-        )
+    tokens = np.asarray(jax.random.randint(k_prompt, (prompts, prompt_len), 3, 99))
+    batch = PromptBatch(tokens, np.ones_like(tokens), [""] * prompts)
+    evaluator = PopulationEvaluator(
+        params,
+        cfg,
+        layout,
+        mesh=mesh,
+        score=mean_logprob,
+        max_new_tokens=new_tokens,
+        greedy=True,
+        eos_token_ids=(2,),
     )
-    shared = D.host_to_global((params, basis, tokens, mask), mesh)
-    return MeshESSA(strategy, layout, mesh, fn, shared, k_run), state
+    return MeshESSA(strategy, evaluator, basis, batch, k_run), state
 
 
 def lora_gradient_traffic(rank: int = 8, preset: str = "tiny") -> dict:
     """HLO vs by-construction bytes of a data-parallel LoRA gradient of the tiny model (batch
-    sharded over every device of `D.global_mesh()`, adapter replicated): the all-reduce GRPO pays
+    sharded over every device of `make_mesh()`, adapter replicated): the all-reduce GRPO pays
     per optimizer update (essa_jax.scaling.comm)."""
     cfg, params = tiny_model(preset, 0)
     lcfg = lora_lib.LoraConfig(rank=rank, alpha=2.0 * rank, targets=("q", "k", "v", "o"))
     lora = lora_lib.init_lora(jax.random.PRNGKey(1), cfg, lcfg)
-    mesh = D.global_mesh()
+    mesh = make_mesh()
     n = jax.device_count()
     tokens = jax.device_put(
         jax.random.randint(jax.random.PRNGKey(2), (2 * n, 12), 3, 99),
-        NamedSharding(mesh, P(D.POPULATION_AXIS)),
+        NamedSharding(mesh, P(POP_AXIS)),
     )
 
     def loss(lo, params, tokens):

@@ -1,19 +1,25 @@
 """The ESSA loop: CMA-ES over the singular values of the SFT adapter (arXiv 2507.04453, Alg. 1).
 
-Per generation t: every candidate of `ask` is scored on the same `prompts_per_candidate` training
-prompts (common random numbers: candidates are ranked on identical problems), fitness = mean reward
-(maximised, `essa_jax.population.evaluate_population`), then `tell`. The held-out policy is the
-distribution mean.
+Per generation t (`essa_jax.population.essa_generation`): ask P points z of the search space, map
+them to genomes (singular-value offsets), score every candidate's greedy completions on its
+`prompts_per_candidate` training prompts with the `PopulationEvaluator` (one sharded program over
+the run's mesh; fitness = mean reward, maximised), then `tell`. The held-out policy is the
+distribution mean. The prompts are the same for every candidate of a generation
+(`essa.prompt_sampling = "shared"`: candidates are ranked on identical problems) or drawn per
+candidate (`"per_candidate"`, the paper's mini-batch per candidate); both come from the run's data
+cursor, which is checkpointed, so a resumed run sees the same prompts.
 
-Search space (our choice; the paper does not state sigma_0): the strategy searches z with the
-genome = z * s_SFT (element-wise over the searched singular values), i.e. each singular value is
+Search space (our choice; the paper does not state sigma_0): the strategy searches z, and the
+genome is z * s_SFT (element-wise over the searched singular values): each singular value is
 perturbed relative to its own SFT size, s = s_SFT (1 + z). One `sigma_init` then means the same
 relative step for every value, whatever the scale of the factors A (rows ~ U(-1/sqrt(in), ...)) and
-B (small after a short SFT). CMA-ES still adapts the covariance on top.
+B (small after a short SFT). CMA-ES still adapts the covariance on top. `ESSALoop.genomes` is the
+one place where z becomes a genome.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import flax.struct
@@ -22,10 +28,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from essa_jax import lora as lora_lib
-from essa_jax.distributed import allgather_fitness
 from essa_jax.es import get_strategy
-from essa_jax.es.distributed import evaluate_across_processes
-from essa_jax.population import evaluate_population, make_population_mesh, replicate
+from essa_jax.mesh import make_mesh
+from essa_jax.population import PopulationEvaluator, PromptBatch, essa_generation, text_reward
 from essa_jax.train.rollouts import init_cursor, next_indices
 
 # Singular values below this fraction of their factor's mean are floored when used as a scale, so
@@ -39,7 +44,7 @@ class ESSAState:
 
     es: Any
     basis: lora_lib.SVDBasis
-    scale: jax.Array  # [D] genome = z * scale
+    scale: jax.Array  # [D] genome = z * scale (ESSALoop.genomes)
     key: jax.Array  # uint32 [2]
     step: jax.Array  # int32 [], generations done
     cursor: dict[str, jax.Array]  # essa_jax.data cursor over the training prompts
@@ -56,12 +61,26 @@ def genome_scale(basis: lora_lib.SVDBasis, layout: lora_lib.GenomeLayout) -> jax
     return layout.join(parts)
 
 
+def strategy_kwargs(essa_config: Any, cls: type) -> dict[str, Any]:
+    """Constructor arguments of an ES strategy class from `config.essa` (beyond num_dims and
+    population_size): the fields the class has."""
+    names = {f.name for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else set()
+    kw: dict[str, Any] = {"sigma_init": essa_config.sigma_init}
+    if essa_config.get("mirrored", False):
+        kw["mirrored"] = True
+    if "learning_rate" in names:
+        kw["learning_rate"] = essa_config.learning_rate
+    return kw
+
+
 class ESSALoop:
     """init_state / step / policy for the ESSA method."""
 
     name = "essa"
 
     def __init__(self, run: Any):
+        from essa_jax.es import STRATEGIES
+
         self.run = run
         c = run.config
         self.cfg = c.essa
@@ -79,15 +98,22 @@ class ESSALoop:
             c.essa.strategy,
             num_dims=self.layout.size,
             population_size=c.essa.population_size,
-            sigma_init=c.essa.sigma_init,
-            **({"mirrored": True} if c.essa.get("mirrored", False) else {}),
+            **strategy_kwargs(c.essa, STRATEGIES[c.essa.strategy]),
         )
-        # This process's devices only: with several processes each evaluates its own members
-        # (evaluate_across_processes), and evaluate_population reads its outputs on the host.
-        shards = c.essa.population_devices or jax.local_device_count()
-        local = jax.local_devices()
-        self.mesh = make_population_mesh(pop=shards, data=1, devices=local) if shards > 1 else None
-        self.params = replicate(run.params, self.mesh) if self.mesh is not None else run.params
+        # One mesh over every process's devices: each device generates its members' rows, each
+        # process scores its own rows, and only per-row rewards travel (essa_jax.population).
+        self.mesh = make_mesh(data=c.mesh.data, model=c.mesh.model)
+        self.evaluator = PopulationEvaluator(
+            run.params,
+            run.model_config,
+            self.layout,
+            mesh=self.mesh,
+            score=text_reward(run.reward_fn, run.tokenizer, run.sampler.eos_token_ids),
+            max_new_tokens=c.generation.max_new_tokens,
+            greedy=bool(c.essa.greedy),
+            temperature=float(c.essa.temperature),
+            eos_token_ids=run.sampler.eos_token_ids,
+        )
 
     # -- state -------------------------------------------------------------------------------
     def init_state(self, key: jax.Array, sft_lora: dict) -> ESSAState:
@@ -105,76 +131,64 @@ class ESSALoop:
             cursor=init_cursor(len(self.run.train), self.run.config.seed + 1),
         )
 
+    @staticmethod
+    def genomes(state: ESSAState, z: jax.Array) -> jax.Array:
+        """Search points z `[..., D]` -> genomes (offsets to the SFT singular values)."""
+        return z * state.scale
+
     def policy_lora(self, state: ESSAState) -> dict:
         """The mean genome as model adapters (for evaluation)."""
-        return lora_lib.genome_to_svd_lora(state.basis, self.layout, state.es.mean * state.scale)
+        return lora_lib.genome_to_svd_lora(
+            state.basis, self.layout, self.genomes(state, state.es.mean)
+        )
 
     def export_lora(self, state: ESSAState) -> dict:
         """The mean genome as dense PEFT factors."""
-        return lora_lib.svd_lora_to_lora(state.basis, self.layout, state.es.mean * state.scale)
+        return lora_lib.svd_lora_to_lora(
+            state.basis, self.layout, self.genomes(state, state.es.mean)
+        )
 
     # -- one generation ----------------------------------------------------------------------
-    def step(self, state: ESSAState) -> tuple[ESSAState, dict[str, float], int]:
-        run, cfg = self.run, self.cfg
-        key = jax.random.fold_in(state.key, state.step)
-        k_ask, k_gen = jax.random.split(key)
-        z = self.strategy.ask(k_ask, state.es)
-        idx, cursor = next_indices(state.cursor, cfg.prompts_per_candidate)
-        batch = run.train.take(idx)
-        local_evals = []
-        if jax.process_count() > 1 and not cfg.greedy:
-            # The engine keys sampling by the local member index; fold in this process's first
-            # member so processes draw different samples (the draws then depend on the process
-            # count, unlike greedy fitness).
-            p, n = z.shape[0], jax.process_count()
-            k_gen = jax.random.fold_in(k_gen, jax.process_index() * -(-p // n))
+    def prompt_batch(self, cursor: dict) -> tuple[PromptBatch, dict]:
+        """The generation's prompts and the advanced cursor: B shared prompts, or P x B (each
+        candidate its own B, consecutive in the shuffled epoch order) per candidate."""
+        b, p = self.cfg.prompts_per_candidate, self.cfg.population_size
+        per_candidate = self.cfg.get("prompt_sampling", "shared") == "per_candidate"
+        idx, cursor = next_indices(cursor, p * b if per_candidate else b)
+        data = self.run.train.take(idx)
+        if not per_candidate:
+            return PromptBatch(data.tokens, data.mask, data.prompts, data.fields), cursor
 
-        def evaluate(zs: jax.Array) -> np.ndarray:
-            ev = evaluate_population(
-                self.params,
-                run.model_config,
-                state.basis,
-                self.layout,
-                zs * state.scale,
-                batch.tokens,
-                batch.mask,
-                # A typed key: population_generate's per-row fold_in reshape assumes one (a raw
-                # uint32 [2] key fails there when sampling).
-                jax.random.wrap_key_data(k_gen),
-                prompts=batch.prompts,
-                reward_fn=run.reward_fn,
-                decode=run.tokenizer,
-                task_fields=batch.fields,
-                max_new_tokens=run.config.generation.max_new_tokens,
-                greedy=bool(cfg.greedy),
-                temperature=float(cfg.temperature),
-                eos_token_ids=run.sampler.eos_token_ids,
-                mesh=self.mesh,
-            )
-            local_evals.append(ev)
-            return ev.fitness
+        def split(values: list) -> list[list]:
+            return [list(values[i * b : (i + 1) * b]) for i in range(p)]
 
-        # ESSA Sec. 3: each process scores its shard of the shared population; only the [P]
-        # fitness (and three rollout statistics below) cross process boundaries.
-        fitness = np.asarray(evaluate_across_processes(evaluate, z))
-        ev = local_evals[0]
-        stats = np.asarray(
-            [
-                ev.metrics["completion_len"],
-                ev.metrics["truncated"],
-                np.asarray(ev.generation.lengths).sum(),
-            ],
-            np.float64,
+        return (
+            PromptBatch(
+                data.tokens.reshape(p, b, -1),
+                data.mask.reshape(p, b, -1),
+                split(data.prompts),
+                {k: split(v) for k, v in data.fields.items()},
+            ),
+            cursor,
         )
-        stats = allgather_fitness(stats).reshape(-1, 3)
-        # Equal fitness carries no ranking: CMA-ES would still move the mean (ties broken by
-        # index), a random walk of sigma * ||z|| / sqrt(mu_eff) per generation. Keep the state.
-        flat = bool(cfg.skip_flat) and float(np.ptp(fitness)) == 0.0
-        es = state.es if flat else self.strategy.tell(state.es, z, jnp.asarray(fitness))
-        new = state.replace(es=es, step=state.step + 1, cursor=cursor)
+
+    def step(self, state: ESSAState) -> tuple[ESSAState, dict[str, float], int]:
+        batch, cursor = self.prompt_batch(state.cursor)
+
+        def evaluate(z: jax.Array, key: jax.Array):
+            return self.evaluator(state.basis, self.genomes(state, z), batch, key)
+
+        es, ev = essa_generation(
+            self.strategy,
+            state.es,
+            jax.random.fold_in(state.key, state.step),
+            evaluate,
+            skip_flat=bool(self.cfg.skip_flat),
+        )
+        fitness = ev.fitness
         metrics = {
             "reward": float(np.mean(fitness)),
-            "skipped_tell": float(flat),
+            "skipped_tell": ev.metrics["skipped_tell"],
             "reward_std": float(np.std(fitness)),
             "reward_max": float(np.max(fitness)),
             "reward_min": float(np.min(fitness)),
@@ -182,7 +196,8 @@ class ESSALoop:
             "sigma": float(es.sigma),
             "update_norm": float(es.update_norm),
             "mean_norm": float(jnp.linalg.norm(es.mean)),
-            "completion_len": float(np.mean(stats[:, 0])),
-            "truncated": float(np.mean(stats[:, 1])),
+            "completion_len": ev.metrics["completion_len"],
+            "truncated": ev.metrics["truncated"],
         }
-        return new, metrics, int(stats[:, 2].sum())
+        new = state.replace(es=es, step=state.step + 1, cursor=cursor)
+        return new, metrics, int(ev.metrics["tokens"])

@@ -3,7 +3,9 @@
 "grpo" / "fgrpo" train both LoRA factors of the SFT adapter; "svdgrpo" (ESSA's baseline, arXiv
 2507.04453 Sec. 5) trains, by gradient, exactly the parameters ESSA evolves: the genome of offsets
 to the SFT singular values (same SVD, same alpha). Each step samples `grpo.batch_size` rollouts
-(`batch_size / group_size` prompts x N) and applies `essa_jax.rl.GRPOTrainer.step`.
+(`batch_size / group_size` prompts x N) and applies `essa_jax.rl.GRPOTrainer.step`, with the
+`essa_jax.rl.GRPOConfig` that `essa_jax.config.grpo_config(config)` derives from the experiment
+config ("fgrpo" = the advantage weighting "focal" with gamma = grpo.focal_gamma).
 """
 
 from __future__ import annotations
@@ -15,9 +17,11 @@ import jax
 import jax.numpy as jnp
 
 from essa_jax import lora as lora_lib
-from essa_jax.rl.config import GRPOConfig
-from essa_jax.rl.trainer import FrozenPolicy, GRPOState, GRPOTrainer, genome_policy, lora_policy
+from essa_jax.config import grpo_config
+from essa_jax.rl import FrozenPolicy, GRPOState, GRPOTrainer
 from essa_jax.train.rollouts import init_cursor, next_indices
+
+__all__ = ["GRPOLoop", "GRPOLoopState", "grpo_config"]
 
 
 @flax.struct.dataclass
@@ -32,26 +36,6 @@ class GRPOLoopState:
     @property
     def step(self) -> jax.Array:
         return self.grpo.step
-
-
-def grpo_config(config) -> GRPOConfig:
-    """essa_jax.rl.GRPOConfig of an experiment config."""
-    g = config.grpo
-    return GRPOConfig(
-        group_size=g.group_size,
-        method="cispo" if g.loss == "cispo" else "grpo",
-        eps_low=g.eps_low,
-        eps_high=g.eps_high,
-        agg=g.agg,
-        adv_scale=g.adv_scale,
-        gamma=float(g.focal_gamma),
-        beta=float(g.beta),
-        learning_rate=float(g.learning_rate),
-        weight_decay=float(g.weight_decay),
-        max_grad_norm=float(g.max_grad_norm),
-        max_new_tokens=config.generation.max_new_tokens,
-        temperature=float(g.temperature),
-    )
 
 
 class GRPOLoop:
@@ -72,19 +56,17 @@ class GRPOLoop:
             rank=c.lora.rank,
             num_free=lora_lib.num_free_values(c.lora.rank, c.essa.alpha),
         )
+        # The to_lora of the policy init_state builds (genome_policy / lora_policy); the trainer
+        # needs it now, before the SFT adapter exists.
         if self.svd:
-            layout = self.layout
-
-            def to_lora(genome, basis):
-                return lora_lib.genome_to_svd_lora(basis, layout, genome)
+            self.to_lora = lora_lib.genome_to_lora(self.layout)
         else:
-            to_lora = lora_policy({})[2]
-        self.to_lora = to_lora
+            self.to_lora = lora_lib.plain_to_lora
         tok = run.tokenizer
         self.trainer = GRPOTrainer(
             run.model_config,
             grpo_config(c),
-            to_lora=to_lora,
+            to_lora=self.to_lora,
             reward_fn=run.reward_fn,
             decode=lambda ids: tok.decode(ids, skip_special_tokens=True),
             eos_token_ids=run.sampler.eos_token_ids,
@@ -95,9 +77,11 @@ class GRPOLoop:
             sft_lora = {t: sft_lora[t] for t in self.layout.targets}
             basis, layout = lora_lib.svd_factorize(sft_lora, self.run.config.essa.alpha)
             assert layout == self.layout, (layout, self.layout)
-            trainable, frozen, _ = genome_policy(basis, layout, lora_lib.sft_genome(layout))
+            trainable, frozen, _ = lora_lib.genome_policy(
+                basis, layout, lora_lib.sft_genome(layout)
+            )
         else:
-            trainable, frozen, _ = lora_policy(sft_lora)
+            trainable, frozen, _ = lora_lib.lora_policy(sft_lora)
         return GRPOLoopState(
             grpo=self.trainer.init(trainable, key),
             frozen=frozen,

@@ -34,12 +34,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from essa_jax import lora as lora_lib
-from essa_jax.checkpointing import restore_checkpointer_with_fallback
+from essa_jax.checkpointing import Checkpointer, restore_checkpointer_with_fallback
 from essa_jax.config import RANDOM_PREFIX, validate_config
+from essa_jax.evaluation import heldout_accuracy, heldout_pass_at_k
 from essa_jax.train import summary as summary_lib
-from essa_jax.train.checkpoint import Checkpointer
 from essa_jax.train.metrics import MetricsLogger, Progress
-from essa_jax.train.rollouts import PromptSet, Sampler, heldout_accuracy, heldout_pass_at_k
+from essa_jax.train.rollouts import PromptSet, Sampler, policy_sample_fn
 from essa_jax.train.sft import train_sft
 from essa_jax.train.tasks import encode_split
 
@@ -75,7 +75,7 @@ def load_model(config) -> tuple[Any, Any, Any]:
     dtype = DTYPES[config.model.dtype]
     path = config.model.path
     if path.startswith(RANDOM_PREFIX):
-        from essa_jax.train.tiny import CharTokenizer, tiny_model
+        from essa_jax.models.tiny import CharTokenizer, tiny_model
 
         model_config, params = tiny_model(path[len(RANDOM_PREFIX) :], config.seed, dtype)
         return model_config, params, CharTokenizer()
@@ -147,16 +147,20 @@ def build_run(config, workdir: str, *, verbose: bool = True) -> Run:
     return run
 
 
-def evaluate_policy(run: Run, lora: Any) -> dict[str, float]:
-    return heldout_accuracy(
+def evaluate_policy(run: Run, lora: Any) -> dict[str, Any]:
+    """Greedy held-out accuracy of the policy `lora` (None: the base model), with its 95% CI and
+    per-problem `solved` string (`essa_jax.evaluation.heldout_accuracy`)."""
+    data = run.heldout
+    sample = policy_sample_fn(
         run.sampler,
         run.tokenizer,
-        run.reward_fn,
         run.params,
-        run.heldout,
+        data,
+        jax.random.PRNGKey(0),
         batch_size=run.config.eval.batch_size,
         lora=lora,
     )
+    return heldout_accuracy(sample, data.prompts, data.fields, run.reward_fn)
 
 
 def _sft(run: Run, key: jax.Array) -> tuple[dict, dict[str, Any]]:
@@ -294,20 +298,27 @@ def _template(run: Run, loop, key: jax.Array) -> Any:
     return loop.init_state(key, lora0)
 
 
-def _pass_at_k(run: Run, lora: Any) -> dict[str, float]:
+def _pass_at_k(run: Run, lora: Any) -> dict[str, Any]:
+    """Unbiased pass@k on the first `eval.pass_k_problems` held-out problems, `eval.pass_k_samples`
+    samples each at temperature 1 (`essa_jax.evaluation.heldout_pass_at_k`)."""
     c = run.config.eval
-    n = min(c.pass_k_problems, len(run.heldout))
-    return heldout_pass_at_k(
+    data = run.heldout.take(np.arange(min(c.pass_k_problems, len(run.heldout))))
+    sample = policy_sample_fn(
         run.sampler,
         run.tokenizer,
-        run.reward_fn,
         run.params,
-        run.heldout.take(np.arange(n)),
+        data,
         jax.random.PRNGKey(run.config.seed + 7),
-        samples=c.pass_k_samples,
-        ks=tuple(c.pass_k),
         batch_size=c.batch_size,
         lora=lora,
+    )
+    return heldout_pass_at_k(
+        sample,
+        data.prompts,
+        data.fields,
+        run.reward_fn,
+        samples=c.pass_k_samples,
+        ks=tuple(c.pass_k),
     )
 
 

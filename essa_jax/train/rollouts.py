@@ -1,21 +1,22 @@
-"""Prompts in, scored completions out: tokenising a task, generating, decoding, rewarding.
+"""Prompts in, completions out: a tokenised task split, the data cursor, generation and decoding.
 
 Shapes are fixed per run (every prompt is left-padded to the task's longest prompt), so each
 generation program compiles once and is reused by SFT evaluation, ES fitness and GRPO rollouts.
+`policy_sample_fn` is the model side of the held-out evaluation (`essa_jax.evaluation`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from essa_jax.evaluation import pass_at_k, wilson_interval
-from essa_jax.models import generate_jit
+from essa_jax.evaluation import SampleFn
+from essa_jax.models import decode_completions, generate_jit
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,21 +83,6 @@ def init_cursor(num_examples: int, seed: int) -> dict[str, jax.Array]:
     return {k: jnp.int32(v) for k, v in _init(num_examples, seed).items()}
 
 
-def decode_completions(tokenizer: Any, tokens: np.ndarray, lengths: np.ndarray) -> list[str]:
-    """Generated ids `[B, N]` -> strings (special tokens such as EOS dropped)."""
-    return [
-        tokenizer.decode([int(t) for t in row[:n]], skip_special_tokens=True)
-        for row, n in zip(np.asarray(tokens), np.asarray(lengths), strict=True)
-    ]
-
-
-def score(
-    reward_fn: Callable[..., list[float]], batch: PromptSet, completions: list[str]
-) -> np.ndarray:
-    """Rewards `[B]` float32 of `completions` (aligned with `batch`); maximised."""
-    return np.asarray(reward_fn(batch.prompts, completions, **batch.fields), np.float32)
-
-
 @dataclasses.dataclass(frozen=True)
 class Sampler:
     """Generation with fixed static settings; `params` and `lora` are traced arguments."""
@@ -153,12 +139,15 @@ def generate_all(
     greedy: bool = True,
     temperature: float = 1.0,
 ) -> tuple[list[str], int]:
-    """Completions of every prompt of `data` (in order) and the number of generated tokens."""
+    """Completions of every prompt of `data` (in order) and the number of generated tokens.
+
+    Chunks of exactly `batch_size` rows (the last one padded) with keys fold_in(key, chunk).
+    """
     batch_size = min(batch_size, len(data))
     completions: list[str] = []
     tokens = 0
     for c, idx in enumerate(_padded_chunks(len(data), batch_size)):
-        real = len(data) - c * batch_size
+        real = min(len(data) - c * batch_size, batch_size)
         out = sampler(
             params,
             data.tokens[idx],
@@ -168,79 +157,42 @@ def generate_all(
             greedy=greedy,
             temperature=temperature,
         )
-        lengths = np.asarray(out.lengths)[: min(real, batch_size)]
-        completions += decode_completions(tokenizer, np.asarray(out.tokens), lengths)
+        lengths = np.asarray(out.lengths)[:real]
+        completions += decode_completions(
+            tokenizer, np.asarray(out.tokens)[:real], lengths, sampler.eos_token_ids
+        )
         tokens += int(lengths.sum())
     return completions, tokens
 
 
-def heldout_accuracy(
+def policy_sample_fn(
     sampler: Sampler,
     tokenizer: Any,
-    reward_fn: Callable[..., list[float]],
-    params: Any,
-    data: PromptSet,
-    *,
-    batch_size: int,
-    lora: Any = None,
-) -> dict[str, float]:
-    """Greedy accuracy on `data`: {acc, correct, n, ci_low, ci_high, reward, eval_tokens, solved}.
-
-    A problem counts as correct when its reward is >= 1 (the 1.0 / 0.0 verifiable rewards); the CI
-    is 95% Wilson. `solved` is a string of n "0"/"1" (problem order), kept so that two policies
-    evaluated on the same set compare paired (`essa_jax.evaluation.mcnemar_exact`).
-    """
-    completions, tokens = generate_all(
-        sampler, tokenizer, params, data, jax.random.PRNGKey(0), batch_size=batch_size, lora=lora
-    )
-    rewards = score(reward_fn, data, completions)
-    correct = int(np.sum(rewards >= 1.0))
-    n = len(data)
-    lo, hi = wilson_interval(correct, n)
-    return {
-        "acc": correct / n,
-        "correct": correct,
-        "n": n,
-        "ci_low": lo,
-        "ci_high": hi,
-        "reward": float(rewards.mean()),
-        "eval_tokens": tokens,
-        "solved": "".join("1" if r >= 1.0 else "0" for r in rewards),
-    }
-
-
-def heldout_pass_at_k(
-    sampler: Sampler,
-    tokenizer: Any,
-    reward_fn: Callable[..., list[float]],
     params: Any,
     data: PromptSet,
     key: jax.Array,
     *,
-    samples: int,
-    ks: Sequence[int],
     batch_size: int,
-    temperature: float = 1.0,
     lora: Any = None,
-) -> dict[str, float]:
-    """Mean pass@k over the problems of `data`, `samples` samples each at `temperature`."""
-    rep = data.repeat(samples)
-    completions, tokens = generate_all(
-        sampler,
-        tokenizer,
-        params,
-        rep,
-        key,
-        batch_size=batch_size,
-        lora=lora,
-        greedy=False,
-        temperature=temperature,
-    )
-    correct = (score(reward_fn, rep, completions) >= 1.0).reshape(len(data), samples).sum(1)
-    out = {
-        f"pass_at_{k}": float(np.mean([pass_at_k(samples, int(c), k) for c in correct])) for k in ks
-    }
-    out["pass_samples"] = samples
-    out["pass_problems"] = len(data)
-    out["pass_tokens"] = tokens
-    return out
+    temperature: float = 1.0,
+) -> SampleFn:
+    """The model side of `essa_jax.evaluation` for the prompts of `data`: `sample(num_samples,
+    greedy)` generates every prompt `num_samples` times in a row (`data.repeat`) with
+    `generate_all` and returns (completions [prompt][sample], generated tokens)."""
+
+    def sample(num_samples: int, greedy: bool) -> tuple[list[list[str]], int]:
+        rows = data if num_samples == 1 else data.repeat(num_samples)
+        flat, tokens = generate_all(
+            sampler,
+            tokenizer,
+            params,
+            rows,
+            key,
+            batch_size=batch_size,
+            lora=lora,
+            greedy=greedy,
+            temperature=temperature,
+        )
+        return [flat[i : i + num_samples] for i in range(0, len(flat), num_samples)], tokens
+
+    return sample

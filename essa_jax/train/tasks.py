@@ -12,7 +12,6 @@ else just the boxed answer. EOS is appended.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -48,38 +47,6 @@ def data_task_config(task, seed: int) -> dict[str, Any]:
             on_malformed="skip",
         )
     return out
-
-
-def check_task_config(task) -> None:
-    """Validate `config.task` (name / path, prompt format, reward) without reading the data."""
-    from essa_jax.config import UNSET, ConfigError
-    from essa_jax.data import PROMPT_FORMATS, is_generated_task
-    from essa_jax.rewards import REWARDS
-
-    if task.prompt_format not in PROMPT_FORMATS:
-        raise ConfigError(
-            "task.prompt_format", task.prompt_format, " | ".join(map(repr, PROMPT_FORMATS))
-        )
-    if task.reward and task.reward not in REWARDS:
-        raise ConfigError("task.reward", task.reward, "'' (by format) | " + " | ".join(REWARDS))
-    if is_generated_task(task.name) and not task.path:
-        return
-    for field, path in (("task.path", task.path), ("task.eval_path", task.eval_path)):
-        if field == "task.eval_path" and not path:
-            continue
-        if not path or UNSET in path or not os.path.exists(path):
-            raise ConfigError(
-                field,
-                path,
-                "an existing local dataset file or folder",
-                f"task {task.name!r} is read from disk: set --config.{field}=/path/to/data "
-                "(nothing is downloaded at run time); generated tasks need no path: add_<n>d, "
-                "sub_<n>d, mul_<n>d, arith_mixed, word_problems",
-            )
-    if not task.eval_path and not 0.0 < task.eval_fraction < 1.0:
-        raise ConfigError(
-            "task.eval_fraction", task.eval_fraction, "0 < f < 1 (held-out split of task.path)"
-        )
 
 
 def reference_completion(example: dict[str, Any], prompt_format: str) -> str:

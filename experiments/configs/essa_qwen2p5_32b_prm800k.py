@@ -38,7 +38,9 @@ def get_config():
     c.essa.sigma_init = 0.1
     c.essa.alpha = 1.0
     c.essa.greedy = True
-    c.essa.population_devices = 0
+    # Each candidate scores on its own mini-batch of prompts, as the ESSA paper does
+    # (arXiv 2507.04453).
+    c.essa.prompt_sampling = "per_candidate"
     c.generation.max_new_tokens = 1024
     c.eval.every = 10
     c.eval.batch_size = 250

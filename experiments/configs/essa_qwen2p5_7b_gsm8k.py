@@ -41,7 +41,9 @@ def get_config():
     c.essa.sigma_init = 0.1
     c.essa.alpha = 1.0  # fraction of singular values evolved (0.4 .. 1.0 stable)
     c.essa.greedy = True
-    c.essa.population_devices = 0  # split the population over all devices
+    # Each candidate scores on its own mini-batch of prompts, as the ESSA paper does
+    # (arXiv 2507.04453). The population is split over all devices (config.mesh defaults).
+    c.essa.prompt_sampling = "per_candidate"
     c.generation.max_new_tokens = 512
     c.eval.every = 10
     c.eval.batch_size = 250

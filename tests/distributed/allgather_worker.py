@@ -1,7 +1,9 @@
 """Run by test_multihost.py under experiments/launch_local.py: one rank of a 2-process run.
 
-Checks, on each process, the fitness gather (process route and in-program route), the global mesh
-and process-0-only writing; prints a JSON line the test reads back.
+A PopulationEvaluator on one mesh over both processes' devices: each process must score only the
+rows its own devices generated, and both must end with the identical fitness vector. The score of
+row (member m, prompt q) is m * 10 + q, so the gathered fitness is exact. Prints a JSON line the
+test reads back, and process 0 alone writes the marker file.
 """
 
 import json
@@ -14,29 +16,33 @@ from essa_jax import distributed as D
 info = D.initialize(timeout_s=60, heartbeat_timeout_s=20)
 
 import jax  # noqa: E402
-from jax.sharding import NamedSharding  # noqa: E402
-from jax.sharding import PartitionSpec as P  # noqa: E402
 
-from essa_jax.es.distributed import evaluate_across_processes  # noqa: E402
+from essa_jax import lora as lora_lib  # noqa: E402
+from essa_jax.mesh import make_mesh  # noqa: E402
+from essa_jax.models.tiny import tiny_model  # noqa: E402
+from essa_jax.population import PopulationEvaluator, PromptBatch  # noqa: E402
 
-pop = 16
-sl = D.local_population_slice(pop)
-# Each process "evaluates" only its members: fitness of member m is m**2 / 7.
-local = (np.arange(sl.start, sl.stop, dtype=np.float32) ** 2) / 7
-gathered = D.allgather_fitness(local)
+P, B = 16, 2
+scored = []
 
-mesh = D.global_mesh()
-sharded = jax.make_array_from_process_local_data(NamedSharding(mesh, P(D.POPULATION_AXIS)), local)
-replicated = np.asarray(D.replicate(sharded, mesh).addressable_data(0))
 
-# The loop-side helper of essa_jax.es: each process scores only its members (row sums here).
-population = np.arange(pop * 3, dtype=np.float32).reshape(pop, 3)
-evaluated = []
-via_helper = evaluate_across_processes(
-    lambda members: evaluated.append(len(members)) or np.asarray(members).sum(axis=1),
-    jax.numpy.asarray(population),
+def score(rows):
+    scored.extend(sorted(set(rows.members.tolist())))
+    return (rows.members * 10 + rows.prompts).astype(np.float32)
+
+
+config, params = tiny_model("tiny", 0)
+lora = lora_lib.init_lora(
+    jax.random.PRNGKey(1), config, lora_lib.LoraConfig(rank=2, alpha=4.0, targets=("q", "v"))
 )
-via_helper = np.asarray(via_helper)
+basis, layout = lora_lib.svd_factorize(lora, 1.0)
+mesh = make_mesh()
+evaluator = PopulationEvaluator(
+    params, config, layout, mesh=mesh, score=score, max_new_tokens=2, greedy=True
+)
+tokens = np.arange(3, 3 + B * 4, dtype=np.int32).reshape(B, 4)
+batch = PromptBatch(tokens, np.ones_like(tokens), ["a", "b"])
+res = evaluator(basis, np.zeros((P, layout.size), np.float32), batch, jax.random.PRNGKey(0))
 
 if D.is_main_process():
     with open(sys.argv[1], "w") as f:
@@ -49,12 +55,9 @@ print(
             "num_processes": info.num_processes,
             "global_devices": info.global_device_count,
             "local_devices": info.local_device_count,
-            "slice": [sl.start, sl.stop],
-            "mesh": list(mesh.devices.shape),
-            "gathered": gathered.tolist(),
-            "replicated": replicated.tolist(),
-            "via_helper": via_helper.tolist(),
-            "evaluated": evaluated,
+            "mesh": dict(mesh.shape),
+            "fitness": res.fitness.tolist(),
+            "scored_members": scored,
         }
     ),
     flush=True,

@@ -2,7 +2,10 @@
 
 Run as one process (any device count) or under experiments/launch_local.py; test_determinism.py
 compares the outputs of 1 device, 1 process x 8 devices and 2 processes x 4 devices. The generation
-itself is essa_jax.scaling.probe (shared population, sharded evaluation, P floats gathered).
+itself is the library's (essa_jax.population.essa_generation through essa_jax.scaling.probe): shared
+population, sharded generation, each process scores its own rows, per-row scores gathered. Two
+scores: the mean log-probability of the greedy completion (continuous) and an exact one computed
+from the greedy tokens alone (identical on every layout whenever the tokens are).
 
 usage: essa_worker.py OUT_DIR [GENERATIONS]   (writes OUT_DIR/p<process_id>.npz)
 """
@@ -23,19 +26,35 @@ from essa_jax.scaling.probe import make_mesh_essa  # noqa: E402
 jax.config.update("jax_default_matmul_precision", "highest")
 
 
-def main():
-    out_dir, gens = sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 3
+def token_score(rows):
+    """An exact score of the greedy tokens alone: (sum of generated ids mod 97) / 97."""
+    g = rows.generation
+    return ((np.asarray(g.tokens) * np.asarray(g.mask)).sum(axis=-1) % 97 / 97).astype(np.float32)
+
+
+def run(gens, score=None):
     essa, state = make_mesh_essa(population_size=8, prompts=2)
+    if score is not None:
+        essa.evaluator.score = score
     history = []
     for g in range(gens):
         state, fitness = essa.generation(state, g)
         history.append(fitness)
+    return state, np.stack(history)
+
+
+def main():
+    out_dir, gens = sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 3
+    state, history = run(gens)
+    token_state, token_history = run(gens, token_score)
     info = D.process_info()
     os.makedirs(out_dir, exist_ok=True)
     np.savez(
         os.path.join(out_dir, f"p{info.process_id}.npz"),
-        fitness=np.stack(history),
+        fitness=history,
         mean=np.asarray(state.mean),
+        token_fitness=token_history,
+        token_mean=np.asarray(token_state.mean),
         sigma=np.asarray(state.sigma),
         devices=info.global_device_count,
         processes=info.num_processes,

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from essa_jax import checkpointing as ck
-from essa_jax.train.checkpoint import CHECKPOINT_DIR, Checkpointer
+from essa_jax.checkpointing import CHECKPOINT_DIR, Checkpointer
 
 
 def _state(step):

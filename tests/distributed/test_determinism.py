@@ -1,10 +1,12 @@
-"""Same seed, same ESSA run on 1 device, 1 process x 8 devices and 2 processes x 4 devices.
+"""Same seed, same ESSA steps on 1 device, 1 process x 8 devices and 2 processes x 4 devices.
 
-The worker (essa_worker.py) shards the population over a mesh of every process's devices and
-gathers only the P fitness values. Layouts with the same per-device batch (1x8 and 2x4: one member
-per device) must agree bit for bit; against 1 device (all 8 members in one batch) the fitness may
-differ in the last bits (XLA's CPU matmul blocking depends on the batch), but never the ranking, so
-the CMA-ES mean must still be bit-identical.
+The worker (essa_worker.py) runs essa_generation with the population sharded over a mesh of every
+process's devices; each process scores its own rows and only per-row scores are gathered. With the
+log-probability score, layouts with the same per-device batch (1x8 and 2x4: one member per device)
+must agree bit for bit; against 1 device (all 8 members in one batch) the fitness may differ in the
+last bits (XLA's CPU matmul blocking depends on the batch), but never the ranking, so the CMA-ES
+mean must still be bit-identical. With a score of the greedy tokens alone, the fitness must be
+identical on all three layouts.
 """
 
 import os
@@ -96,3 +98,11 @@ def test_essa_same_result_on_1_device_1x8_and_2x4(tmp_path):
     np.testing.assert_array_equal(np.argsort(-eight["fitness"], axis=1), np.argsort(-fit, axis=1))
     np.testing.assert_array_equal(eight["mean"], one["mean"])
     assert np.abs(one["mean"]).max() > 0  # the strategy moved
+
+    # The exact score (greedy tokens only): identical fitness on 1 device, 8 and 2 x 4.
+    tok = one["token_fitness"]
+    assert np.ptp(tok, axis=1).min() > 0  # members really differ
+    for other in (eight, *ranks):
+        np.testing.assert_array_equal(other["token_fitness"], tok)
+        np.testing.assert_array_equal(other["token_mean"], one["token_mean"])
+    assert np.abs(one["token_mean"]).max() > 0

@@ -1,7 +1,11 @@
 """Test problems for the strategies. Each is a cost to MINIMISE; strategies maximise its negative.
+Also `unjitted`, which the tests hand to `chex.variants` to run a strategy's ask / tell jitted and
+eagerly.
 
 A plain module (not a conftest) so tests import the functions by a name no other package uses.
 """
+
+import functools
 
 import jax.numpy as jnp
 import numpy as np
@@ -27,3 +31,8 @@ def make_rotated_ellipsoid(num_dims: int, condition: float = 1e3, seed: int = 0)
 def rosenbrock(x):
     """sum 100 (x_{i+1} - x_i^2)^2 + (1 - x_i)^2; minimum 0 at (1, ..., 1). D >= 2."""
     return jnp.sum(100.0 * (x[..., 1:] - x[..., :-1] ** 2) ** 2 + (1 - x[..., :-1]) ** 2, axis=-1)
+
+
+def unjitted(strategy, method: str):
+    """`strategy.method` without its jax.jit (jax keeps the Python function as __wrapped__)."""
+    return functools.partial(getattr(type(strategy), method).__wrapped__, strategy)

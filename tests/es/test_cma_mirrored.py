@@ -2,13 +2,16 @@
 
 Reference: Auger, Brockhoff & Hansen 2011, "Mirrored sampling in evolution strategies with
 weighted recombination": the better member of each pair m +- sigma y is kept, the best mu of those
-lambda/2 are recombined with the weights of a population of lambda/2.
+lambda/2 are recombined with the weights of a population of lambda/2. The selection is checked
+against a NumPy reference with and without jit (`chex.variants`).
 """
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from es_problems import unjitted
 
 from essa_jax.es import CMAES
 from essa_jax.es.base import recombination_weights
@@ -22,33 +25,40 @@ def test_ask_returns_mirrored_pairs():
     assert np.all(np.abs(x[:4] - x[4:]) > 0)
 
 
-def test_pairwise_selection_recombines_the_better_member_of_each_pair():
-    lam, n = 12, 4
-    s = CMAES(num_dims=n, population_size=lam, sigma_init=0.5, mirrored=True)
-    assert s.num_parents == 3 and s.weights == recombination_weights(6, 3)
-    state = s.init(jax.random.key(0), jnp.zeros(n))
-    pop = s.ask(jax.random.key(1), state)
-    fitness = jax.random.normal(jax.random.key(2), (lam,))
-    new = s.tell(state, pop, fitness)
+class PairwiseSelectionTest(chex.TestCase):
+    @chex.variants(with_jit=True, without_jit=True)
+    def test_pairwise_selection_recombines_the_better_member_of_each_pair(self):
+        lam, n = 12, 4
+        s = CMAES(num_dims=n, population_size=lam, sigma_init=0.5, mirrored=True)
+        assert s.num_parents == 3 and s.weights == recombination_weights(6, 3)
+        ask, tell = self.variant(unjitted(s, "ask")), self.variant(unjitted(s, "tell"))
+        state = s.init(jax.random.key(0), jnp.zeros(n))
+        pop = ask(jax.random.key(1), state)
+        fitness = jax.random.normal(jax.random.key(2), (lam,))
+        new = tell(state, pop, fitness)
 
-    p, f = np.asarray(pop), np.asarray(fitness)
-    half = lam // 2
-    kept = [p[i] if f[i] >= f[i + half] else p[i + half] for i in range(half)]
-    kept_f = np.maximum(f[:half], f[half:])
-    parents = np.asarray(kept)[np.argsort(-kept_f)[: s.num_parents]]
-    expected_mean = np.asarray(s.weights) @ parents  # m = 0, c_m = 1: m' = sum w_i x_i
-    np.testing.assert_allclose(np.asarray(new.mean), expected_mean, rtol=1e-5, atol=1e-6)
-    assert float(new.best_fitness) == pytest.approx(f.max())
+        p, f = np.asarray(pop), np.asarray(fitness)
+        half = lam // 2
+        kept = [p[i] if f[i] >= f[i + half] else p[i + half] for i in range(half)]
+        kept_f = np.maximum(f[:half], f[half:])
+        parents = np.asarray(kept)[np.argsort(-kept_f)[: s.num_parents]]
+        expected_mean = np.asarray(s.weights) @ parents  # m = 0, c_m = 1: m' = sum w_i x_i
+        chex.assert_trees_all_close(new.mean, expected_mean, rtol=1e-5, atol=1e-6)
+        # the best-so-far is taken over the whole population, before the pairwise selection
+        assert float(new.best_fitness) == pytest.approx(f.max())
+        chex.assert_trees_all_equal(new.best_member, pop[int(np.argmax(f))])
 
-
-def test_nonfinite_member_loses_its_pair():
-    s = CMAES(num_dims=2, population_size=4, sigma_init=1.0, mirrored=True)
-    state = s.init(jax.random.key(0), jnp.zeros(2))
-    pop = s.ask(jax.random.key(3), state)
-    # Pair 0: the + member is NaN, so the - member (row 2) must win although pair 1 scores lower.
-    new = s.tell(state, pop, jnp.array([jnp.nan, 0.0, 1.0, -5.0]))
-    np.testing.assert_allclose(np.asarray(new.mean), np.asarray(pop[2]), atol=1e-6)
-    assert int(new.num_nonfinite) == 1
+    @chex.variants(with_jit=True, without_jit=True)
+    def test_nonfinite_member_loses_its_pair(self):
+        s = CMAES(num_dims=2, population_size=4, sigma_init=1.0, mirrored=True)
+        tell = self.variant(unjitted(s, "tell"))
+        state = s.init(jax.random.key(0), jnp.zeros(2))
+        pop = s.ask(jax.random.key(3), state)
+        # Pair 0: the + member is NaN, so the - member (row 2) must win although pair 1 scores
+        # lower.
+        new = tell(state, pop, jnp.array([jnp.nan, 0.0, 1.0, -5.0]))
+        chex.assert_trees_all_close(new.mean, pop[2], atol=1e-6)
+        assert int(new.num_nonfinite) == 1
 
 
 def test_mirrored_cma_converges_on_the_sphere():

@@ -1,14 +1,17 @@
 """CMA-ES and sep-CMA-ES against references: pycma's constants, a float64 NumPy transcription of
-Hansen's purecmaes update (arXiv 1604.00772, App. C), and pycma's evaluation counts (slow)."""
+Hansen's purecmaes update (arXiv 1604.00772, App. C; with and without jit, `chex.variants`), and
+pycma's evaluation counts (slow)."""
 
 import functools
 
+import chex
 import cma
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from es_problems import rosenbrock, sphere
+from absl.testing import parameterized
+from es_problems import rosenbrock, sphere, unjitted
 
 from essa_jax.es import CMAES, SepCMAES
 
@@ -60,45 +63,54 @@ def purecmaes_tell(s, st, pop, fit):
     return dict(mean=xmean, sigma=sigma, p_sigma=ps, p_c=pc, C=C)
 
 
-def test_cma_tell_matches_purecmaes_and_eigen_refresh_is_lazy():
-    s = CMAES(5, population_size=8, sigma_init=0.7, eigen_interval=3)
-    st = s.init(jax.random.key(0), jnp.full(5, 2.0))
-    history = []
-    for g in range(5):
-        pop = s.ask(jax.random.fold_in(jax.random.key(1), g), st)
-        fit = -rosenbrock(pop)
-        ref = purecmaes_tell(s, st, pop, fit)
-        new = s.tell(st, pop, fit)
-        for field, value in ref.items():
-            np.testing.assert_allclose(getattr(new, field), value, rtol=2e-4, atol=1e-6)
-        history.append(new)
-        st = new
-    eye = np.eye(5)
-    # B and D only change on generations that are multiples of eigen_interval
-    np.testing.assert_array_equal(history[0].B, eye)
-    np.testing.assert_array_equal(history[1].B, eye)
-    assert not np.allclose(history[2].B, eye)
-    np.testing.assert_array_equal(history[3].B, history[2].B)
-    np.testing.assert_array_equal(history[4].D, history[2].D)
-    b, d, c = (np.asarray(x, np.float64) for x in (history[2].B, history[2].D, history[2].C))
-    np.testing.assert_allclose(b @ b.T, eye, atol=1e-5)
-    np.testing.assert_allclose(b @ np.diag(d**2) @ b.T, c, rtol=1e-4, atol=1e-6)
-    np.testing.assert_allclose(np.sort(d**2), np.linalg.eigvalsh(c), rtol=1e-4)
+def assert_state_close(new, ref):
+    chex.assert_trees_all_close({k: getattr(new, k) for k in ref}, ref, rtol=2e-4, atol=1e-6)
 
 
-def test_sep_cma_tell_matches_purecmaes_with_diagonal_covariance():
-    """With C diagonal, the full update's diagonal equals sep-CMA-ES's with the same rates."""
-    sep = SepCMAES(5, population_size=8, sigma_init=0.7)
-    full = CMAES(5, population_size=8, sigma_init=0.7, c_1=sep.c_1, c_mu=sep.c_mu)
-    st = sep.init(jax.random.key(0), jnp.full(5, 2.0))
-    pop = sep.ask(jax.random.key(1), st)
-    fit = -rosenbrock(pop)
-    fst = full.init(jax.random.key(0), jnp.full(5, 2.0))
-    ref = purecmaes_tell(full, fst, pop, fit)
-    new = sep.tell(st, pop, fit)
-    for field in ("mean", "sigma", "p_sigma", "p_c"):
-        np.testing.assert_allclose(getattr(new, field), ref[field], rtol=2e-4, atol=1e-6)
-    np.testing.assert_allclose(new.C, np.diag(ref["C"]), rtol=2e-4)
+class PureCMAESReferenceTest(chex.TestCase):
+    @chex.variants(with_jit=True, without_jit=True)
+    def test_cma_tell_matches_purecmaes_and_eigen_refresh_is_lazy(self):
+        s = CMAES(5, population_size=8, sigma_init=0.7, eigen_interval=3)
+        tell = self.variant(unjitted(s, "tell"))
+        st = s.init(jax.random.key(0), jnp.full(5, 2.0))
+        history = []
+        for g in range(5):
+            pop = s.ask(jax.random.fold_in(jax.random.key(1), g), st)
+            fit = -rosenbrock(pop)
+            new = tell(st, pop, fit)
+            assert_state_close(new, purecmaes_tell(s, st, pop, fit))
+            history.append(new)
+            st = new
+        eye = np.eye(5, dtype=np.float32)
+        # B and D only change on generations that are multiples of eigen_interval
+        chex.assert_trees_all_equal(history[0].B, history[1].B, eye)
+        assert not np.allclose(history[2].B, eye)
+        chex.assert_trees_all_equal(history[3].B, history[2].B)
+        chex.assert_trees_all_equal(history[4].D, history[2].D)
+        b, d, c = (np.asarray(x, np.float64) for x in (history[2].B, history[2].D, history[2].C))
+        chex.assert_trees_all_close(b @ b.T, eye, atol=1e-5)
+        chex.assert_trees_all_close(b @ np.diag(d**2) @ b.T, c, rtol=1e-4, atol=1e-6)
+        chex.assert_trees_all_close(np.sort(d**2), np.linalg.eigvalsh(c), rtol=1e-4)
+
+    @chex.variants(with_jit=True, without_jit=True)
+    @parameterized.parameters(False, True)
+    def test_sep_cma_tell_matches_purecmaes_with_diagonal_covariance(self, all_nonfinite):
+        """With C diagonal, the full update's diagonal equals sep-CMA-ES's with the same rates; a
+        generation with no finite fitness leaves the distribution as it was."""
+        sep = SepCMAES(5, population_size=8, sigma_init=0.7)
+        full = CMAES(5, population_size=8, sigma_init=0.7, c_1=sep.c_1, c_mu=sep.c_mu)
+        tell = self.variant(unjitted(sep, "tell"))
+        st = sep.init(jax.random.key(0), jnp.full(5, 2.0))
+        pop = sep.ask(jax.random.key(1), st)
+        fit = jnp.full(8, jnp.nan) if all_nonfinite else -rosenbrock(pop)
+        new = tell(st, pop, fit)
+        if all_nonfinite:
+            fields = ("mean", "sigma", "p_sigma", "p_c", "C")
+            chex.assert_trees_all_equal(*({k: getattr(x, k) for k in fields} for x in (new, st)))
+            return
+        ref = purecmaes_tell(full, full.init(jax.random.key(0), jnp.full(5, 2.0)), pop, fit)
+        ref["C"] = np.diag(ref["C"])
+        assert_state_close(new, ref)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,18 +1,24 @@
 """Every registered strategy through the same tests: optimisation, sign, purity, checkpoints, edges.
 
 Strategies are built once per (name, shape) so the jitted ask / tell compile once and are reused.
+The bookkeeping all built-in strategies share (es.base.BaseStrategy) is checked against a NumPy
+reference, with and without jit (`chex.variants`).
 """
 
 import functools
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import orbax.checkpoint as ocp
 import pytest
-from es_problems import make_rotated_ellipsoid, rosenbrock, sphere
+from absl.testing import parameterized
+from es_problems import make_rotated_ellipsoid, rosenbrock, sphere, unjitted
+from scipy.stats import rankdata
 
-from essa_jax.es import STRATEGIES, get_strategy
+from essa_jax.es import STRATEGIES, BaseStrategy, OpenAIES, get_strategy
 
 NAMES = sorted(STRATEGIES)
 KWARGS = {
@@ -118,8 +124,7 @@ def test_scan_matches_python_loop(name):
     mean, key = jnp.full(3, 1.0), jax.random.key(3)
     looped = run_loop(s, sphere, mean, key, 20)
     scanned, _ = jax.jit(lambda st: scan_run(s, sphere, st, key, 20))(s.init(key, mean))
-    for a, b in zip(jax.tree.leaves(looped), jax.tree.leaves(scanned), strict=True):
-        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-6)
+    chex.assert_trees_all_close(looped, scanned, rtol=1e-4, atol=1e-6)
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -128,7 +133,7 @@ def test_deterministic_and_orbax_round_trip(name, tmp_path):
     mean, key = jnp.full(3, 1.0), jax.random.key(4)
     a = run_loop(s, sphere, mean, key, 5)
     b = run_loop(s, sphere, mean, key, 5)
-    jax.tree.map(lambda x, y: np.testing.assert_array_equal(np.asarray(x), np.asarray(y)), a, b)
+    chex.assert_trees_all_equal(a, b)
     c = run_loop(s, sphere, mean, jax.random.key(5), 5)
     assert not np.array_equal(np.asarray(a.mean), np.asarray(c.mean))  # the key matters
 
@@ -145,7 +150,7 @@ def test_deterministic_and_orbax_round_trip(name, tmp_path):
         return state
 
     x, y = cont(a), cont(restored)
-    jax.tree.map(lambda u, v: np.testing.assert_array_equal(np.asarray(u), np.asarray(v)), x, y)
+    chex.assert_trees_all_equal(x, y)
     assert int(y.generation) == 10
 
 
@@ -162,9 +167,8 @@ def test_nonfinite_fitness_ranks_last_and_is_counted(name):
     ref = fit.at[best].set(worst).at[(best + 1) % s.population_size].set(worst)
     new, expected = s.tell(state, pop, bad), s.tell(state, pop, ref)
     assert int(new.num_nonfinite) == 2 and int(expected.num_nonfinite) == 0
-    for field in ("mean", "sigma"):
-        np.testing.assert_allclose(getattr(new, field), getattr(expected, field), rtol=1e-6)
-    assert all(bool(jnp.all(jnp.isfinite(x))) for x in jax.tree.leaves(new) if x.dtype != bool)
+    chex.assert_trees_all_close((new.mean, new.sigma), (expected.mean, expected.sigma), rtol=1e-6)
+    chex.assert_tree_all_finite(new)
     # the best-so-far ignores the non-finite candidates
     finite_best = jnp.max(jnp.where(jnp.isfinite(bad), bad, -jnp.inf))
     assert float(new.generation_best_fitness) == float(finite_best)
@@ -179,14 +183,14 @@ def test_all_nonfinite_generation_skips_the_update(name):
     new = s.tell(state, pop, fit)
     assert int(new.num_nonfinite) == s.population_size
     assert int(new.generation) == int(state.generation) + 1
-    skip = {"generation", "num_nonfinite", "generation_best_fitness"}
-    for field in type(state).__dataclass_fields__:
-        if field not in skip:
-            jax.tree.map(
-                lambda u, v: np.testing.assert_array_equal(np.asarray(u), np.asarray(v)),
-                getattr(new, field),
-                getattr(state, field),
-            )
+    # only the counter, the count and this generation's best move; the rest (the distribution, the
+    # best-so-far, update_norm) is bit-identical
+    expected = state.replace(
+        generation=state.generation + 1,
+        num_nonfinite=jnp.int32(s.population_size),
+        generation_best_fitness=jnp.asarray(-jnp.inf, state.generation_best_fitness.dtype),
+    )
+    chex.assert_trees_all_equal(new, expected)
     assert float(new.generation_best_fitness) == -np.inf
     assert np.isfinite(float(new.best_fitness))
 
@@ -198,7 +202,7 @@ def test_population_of_two_and_dimension_one(name):
         mean = jnp.full(num_dims, x0)
         state = run_loop(s, sphere, mean, jax.random.key(11), 150)
         assert s.ask(jax.random.key(0), state).shape == (s.population_size, num_dims)
-        assert all(bool(jnp.all(jnp.isfinite(x))) for x in jax.tree.leaves(state))
+        chex.assert_tree_all_finite(state)
         assert float(sphere(state.mean)) < 0.1 * float(sphere(mean)), (num_dims, pop_size)
 
 
@@ -221,8 +225,8 @@ def test_vmap_over_independent_runs(name):
         for g in range(5):
             single = step(single, jax.random.fold_in(keys[i], g))
         # vmapped eigh / matmuls round differently from the unbatched ones: tolerance, not equality
-        np.testing.assert_allclose(states.mean[i], single.mean, rtol=1e-3, atol=1e-5)
-        np.testing.assert_allclose(states.sigma[i], single.sigma, rtol=1e-3)
+        batched = (states.mean[i], states.sigma[i])
+        chex.assert_trees_all_close(batched, (single.mean, single.sigma), rtol=1e-3, atol=1e-5)
     assert len({tuple(np.asarray(m).round(6)) for m in states.mean}) == 4
 
 
@@ -278,3 +282,109 @@ def test_openai_es_mirrored_sampling_and_sigma_decay():
         state = s.tell(state, pop, -sphere(pop))
         sigmas.append(float(state.sigma))
     np.testing.assert_allclose(sigmas, [0.05, 0.03, 0.03], rtol=1e-6)
+
+
+# ---------------------------------------------------------------------------------------------
+# the shared bookkeeping (es.base.BaseStrategy) and OpenAI-ES's update against NumPy references,
+# with and without jit
+
+
+def numpy_bookkeeping(state, population, fitness, new_mean):
+    """What BaseStrategy.tell must record, computed in NumPy."""
+    pop, f = np.asarray(population), np.asarray(fitness)
+    finite = np.isfinite(f)
+    best_member, best_fitness = np.asarray(state.best_member), np.asarray(state.best_fitness)
+    gen_best = np.float32(-np.inf)
+    if finite.any():
+        i = int(np.argmax(np.where(finite, f, -np.inf)))
+        gen_best = f[i]
+        if gen_best > best_fitness:
+            best_member, best_fitness = pop[i], gen_best
+    moved = np.linalg.norm(np.asarray(new_mean) - np.asarray(state.mean))
+    return {
+        "generation": np.int32(int(state.generation) + 1),
+        "best_member": best_member,
+        "best_fitness": np.float32(best_fitness),
+        "generation_best_fitness": np.float32(gen_best),
+        "num_nonfinite": np.int32((~finite).sum()),
+        "update_norm": np.float32(moved if finite.any() else state.update_norm),
+    }
+
+
+class BookkeepingTest(chex.TestCase):
+    @chex.variants(with_jit=True, without_jit=True)
+    @parameterized.parameters(*NAMES)
+    def test_tell_bookkeeping_matches_numpy(self, name):
+        s = strategy(name, 3)
+        assert isinstance(s, BaseStrategy)
+        ask, tell = self.variant(unjitted(s, "ask")), self.variant(unjitted(s, "tell"))
+        state = s.init(jax.random.key(0), jnp.full(3, 1.0))
+        p = s.population_size
+        for g, kind in enumerate(["finite", "some_bad", "all_bad", "finite", "worse"]):
+            key = jax.random.key(20 + g)
+            pop = ask(key, state)
+            chex.assert_trees_all_close(pop, s.ask(key, state), rtol=1e-6, atol=1e-6)
+            fit = -sphere(pop)
+            if kind == "some_bad":  # the best is NaN, another +inf: neither may become the best
+                best = int(jnp.argmax(fit))
+                fit = fit.at[best].set(jnp.nan).at[(best + 1) % p].set(jnp.inf)
+            elif kind == "all_bad":
+                fit = jnp.where(jnp.arange(p) % 2 == 0, jnp.nan, -jnp.inf)
+            elif kind == "worse":  # finite, below the best so far: the best-so-far stays
+                fit = fit - 1e3
+            new = tell(state, pop, fit)
+            expected = numpy_bookkeeping(state, pop, fit, new.mean)
+            got = {k: getattr(new, k) for k in expected}
+            chex.assert_trees_all_close(got, expected, rtol=1e-5, atol=1e-7)
+            if kind == "all_bad":
+                chex.assert_trees_all_equal((new.mean, new.sigma), (state.mean, state.sigma))
+            else:
+                assert float(jnp.linalg.norm(new.mean - state.mean)) > 0
+            # the public (jitted) tell agrees with the variant
+            chex.assert_trees_all_close(new, s.tell(state, pop, fit), rtol=1e-5, atol=1e-6)
+            state = new
+        assert int(state.num_nonfinite) == 0 and int(state.generation) == 5
+
+    @parameterized.parameters(*NAMES)
+    def test_metrics_are_the_bookkeeping_plus_the_strategy_own(self, name):
+        s = strategy(name, 3)
+        state = run_loop(s, make_rotated_ellipsoid(3), jnp.full(3, 1.0), jax.random.key(13), 8)
+        m = s.metrics(state)
+        common = ["generation", "best_fitness", "generation_best_fitness", "num_nonfinite"]
+        common += ["update_norm", "sigma"]
+        chex.assert_trees_all_equal(
+            {k: m[k] for k in common}, {k: getattr(state, k) for k in common}
+        )
+        if name == "openai_es":
+            assert set(m) == set(common)
+            return
+        if name == "cma_es":  # eigen_interval is 1 at D = 3: B, D are those of the current C
+            assert s.eigen_interval == 1
+            eig = np.linalg.eigvalsh(np.asarray(state.C, np.float64))
+        else:
+            eig = np.asarray(state.C, np.float64)
+        chex.assert_trees_all_close(m["axis_ratio"], np.sqrt(eig.max() / eig.min()), rtol=1e-4)
+
+
+class OpenAIESReferenceTest(chex.TestCase):
+    @chex.variants(with_jit=True, without_jit=True)
+    def test_tell_is_an_sgd_step_along_the_centred_rank_gradient(self):
+        lr, sigma, p = 0.1, 0.2, 8
+        s = OpenAIES(
+            3, population_size=p, sigma_init=sigma, sigma_decay=0.9, optimizer=optax.sgd(lr)
+        )
+        ask, tell = self.variant(unjitted(s, "ask")), self.variant(unjitted(s, "tell"))
+        state = s.init(jax.random.key(0), jnp.asarray([1.0, -0.5, 2.0]))
+        for g in range(3):
+            pop = ask(jax.random.key(g), state)
+            fit = np.asarray(-sphere(pop), np.float64)
+            new = tell(state, pop, jnp.asarray(fit, jnp.float32))
+            # Salimans et al. 2017, Alg. 1 with centred ranks (Sec. 2.2), one SGD ascent step
+            m, sg = np.asarray(state.mean, np.float64), float(state.sigma)
+            eps = (np.asarray(pop, np.float64) - m) / sg
+            shaped = (rankdata(fit) - 1) / (p - 1) - 0.5
+            expected_mean = m + lr * shaped @ eps / (p * sg)
+            chex.assert_trees_all_close(
+                (new.mean, new.sigma), (expected_mean, sg * 0.9), rtol=1e-5, atol=1e-6
+            )
+            state = new

@@ -1,4 +1,4 @@
-"""pass@k, avg@k, intervals, and the evaluation driver with a fake sampler."""
+"""pass@k, intervals, paired test, and the held-out evaluation with a fake sampler."""
 
 import itertools
 import math
@@ -6,15 +6,13 @@ import math
 import numpy as np
 import pytest
 
-from essa_jax.data import generate_task, load_task
+from essa_jax.data import generate_task
 from essa_jax.evaluation import (
     Z95,
-    avg_at_k,
-    evaluate,
-    evaluate_task,
-    ks_up_to,
+    heldout_accuracy,
+    heldout_pass_at_k,
     mcnemar_exact,
-    mean_interval,
+    mean_pass_at_k,
     pass_at_k,
     wilson_interval,
 )
@@ -49,15 +47,6 @@ def test_pass_at_k_validation():
         pass_at_k(4, 1, 5)
     with pytest.raises(ValueError, match="c <= n"):
         pass_at_k(4, 5, 1)
-
-
-def test_avg_at_k_and_ks():
-    assert avg_at_k([0, 2, 4], 4) == pytest.approx(0.5)
-    with pytest.raises(ValueError, match=r"\[0, 4\]"):
-        avg_at_k([5], 4)
-    assert ks_up_to(8) == [1, 2, 4, 8]
-    assert ks_up_to(6) == [1, 2, 4, 6]
-    assert ks_up_to(1) == [1]
 
 
 def test_mcnemar_exact_against_the_binomial_tail():
@@ -100,108 +89,115 @@ def test_wilson_matches_quadratic_roots(x, n):
     assert wilson_interval(x, n) == pytest.approx(tuple(np.clip(roots, 0, 1)), abs=1e-9)
 
 
-def test_mean_interval():
-    v = [0.0, 0.5, 1.0, 0.5]
-    low, high = mean_interval(v)
-    half = Z95 * np.std(v, ddof=1) / 2
-    assert (low, high) == pytest.approx((0.5 - half, 0.5 + half))
+def test_mean_pass_at_k():
+    assert mean_pass_at_k([0, 2, 4], 4, 1) == pytest.approx(0.5)  # pass@1 = mean fraction correct
+    assert mean_pass_at_k([0, 1], 2, 2) == pytest.approx(0.5)
+    with pytest.raises(ValueError, match="at least one"):
+        mean_pass_at_k([], 4, 1)
 
 
 class FakeSampler:
-    """Problem i answers correctly on a fixed pattern of its samples; greedy right on even i."""
+    """Problem i: greedy right on even i; c_i = i % (n + 1) of its n samples right."""
 
     def __init__(self, examples, n):
-        self.by_prompt = {}
-        self.calls = []
-        for i, ex in enumerate(examples):
-            right, wrong = ex["answer"] + "<|im_end|>", str(int(ex["answer"]) + 1) + "\nmore"
-            c = i % (n + 1)
-            self.by_prompt[(i,)] = {
-                "greedy": right if i % 2 == 0 else wrong,
-                "samples": [right] * c + [wrong] * (n - c),
-                "c": c,
-            }
+        self.examples, self.n, self.calls = examples, n, []
 
-    def __call__(self, tokens, num_samples, greedy):
-        self.calls.append((len(tokens), num_samples, greedy))
+    def __call__(self, num_samples, greedy):
+        self.calls.append((num_samples, greedy))
         out = []
-        for t in tokens:
-            entry = self.by_prompt[tuple(t)]
-            out.append([entry["greedy"]] if greedy else list(entry["samples"]))
-        return out
+        for i, ex in enumerate(self.examples):
+            right, wrong = ex["answer"] + "<|im_end|>", str(int(ex["answer"]) + 1) + "\nmore"
+            if greedy:
+                out.append([right if i % 2 == 0 else wrong] * num_samples)
+            else:
+                c = i % (self.n + 1)
+                out.append([right] * c + [wrong] * (num_samples - c))
+        return out, 10 * num_samples * len(out)
 
 
-def test_evaluate_with_fake_sampler():
-    _, evals = generate_task("add_2d", num_train=0, num_eval=7, seed=0)
+def _problems(num, seed=0):
+    _, evals = generate_task("add_2d", num_train=0, num_eval=num, seed=seed)
+    return evals, [e["question"] for e in evals], {"answer": [e["answer"] for e in evals]}
+
+
+def test_heldout_accuracy_with_fake_sampler():
+    evals, prompts, fields = _problems(7)
+    sampler = FakeSampler(evals, 4)
+    res = heldout_accuracy(sampler, prompts, fields, arith_reward)
+    assert list(res) == ["acc", "correct", "n", "ci_low", "ci_high", "reward", "eval_tokens"] + [
+        "solved"
+    ]
+    assert (res["acc"], res["correct"], res["n"]) == (4 / 7, 4, 7)
+    assert (res["ci_low"], res["ci_high"]) == wilson_interval(4, 7)
+    assert res["reward"] == pytest.approx(4 / 7) and res["eval_tokens"] == 70
+    assert res["solved"] == "1010101"
+    assert sampler.calls == [(1, True)]
+    # A graded reward: correct means reward >= success_threshold; `reward` is the mean.
+    half = lambda prompts, completions, **_: [0.5] * len(completions)  # noqa: E731
+    res = heldout_accuracy(sampler, prompts, fields, half)
+    assert res["correct"] == 0 and res["reward"] == 0.5 and res["solved"] == "0" * 7
+    res = heldout_accuracy(sampler, prompts, fields, half, success_threshold=0.5)
+    assert res["correct"] == 7 and res["ci_high"] == 1.0
+
+
+def test_heldout_pass_at_k_with_fake_sampler():
+    evals, prompts, fields = _problems(7)
     n = 4
     sampler = FakeSampler(evals, n)
-    tokens = [[i] for i in range(7)]  # the fake sampler keys on these
-    res = evaluate(
-        sampler,
-        evals,
-        tokens,
-        reward_fn=arith_reward,
-        num_samples=n,
-        batch_size=3,
-        return_details=True,
-    )
+    res = heldout_pass_at_k(sampler, prompts, fields, arith_reward, samples=n, ks=(1, 2, 4))
     counts = [i % (n + 1) for i in range(7)]  # 0 1 2 3 4 0 1
-    assert res["num_problems"] == 7
-    assert res["accuracy"] == pytest.approx(4 / 7)
-    assert (res["accuracy_ci_low"], res["accuracy_ci_high"]) == pytest.approx(wilson_interval(4, 7))
-    assert res["avg@4"] == pytest.approx(sum(counts) / (7 * n))
+    assert list(res) == ["pass_at_1", "pass_at_2", "pass_at_4"] + [
+        "pass_samples",
+        "pass_problems",
+        "pass_tokens",
+    ]
     for k in (1, 2, 4):
         expected = np.mean([brute_pass_at_k(n, c, k) for c in counts])
-        assert res[f"pass@{k}"] == pytest.approx(expected)
-    assert res["pass@1"] == pytest.approx(res["avg@4"])
-    assert res["frac_all_correct"] == pytest.approx(1 / 7)
-    assert res["frac_none_correct"] == pytest.approx(2 / 7)
-    assert res["frac_mixed"] == pytest.approx(4 / 7)
-    assert res["reward_failures"] == 0
-    assert sampler.calls == [(3, 1, True), (3, 4, False)] * 2 + [(1, 1, True), (1, 4, False)]
-    assert res["details"][3]["rewards"] == [1.0, 1.0, 1.0, 0.0]
+        assert res[f"pass_at_{k}"] == pytest.approx(expected)
+    assert res["pass_at_1"] == pytest.approx(sum(counts) / (7 * n))
+    assert (res["pass_samples"], res["pass_problems"], res["pass_tokens"]) == (4, 7, 280)
+    assert sampler.calls == [(4, False)]
+    with pytest.raises(ValueError, match="1 <= k <= 4"):
+        heldout_pass_at_k(sampler, prompts, fields, arith_reward, samples=n, ks=(8,))
 
 
-def test_evaluate_counts_failing_rewards():
-    _, evals = generate_task("add_2d", num_train=0, num_eval=4, seed=1)
-    sampler = FakeSampler(evals, 2)
+def test_heldout_reward_sees_each_completion_with_its_prompt_and_fields():
+    evals, prompts, fields = _problems(3)
+    seen = []
 
-    def flaky(prompts, completions, answer, **_):
-        if any("more" in c for c in completions):
-            raise RuntimeError("grader crashed")
+    def reward(prompts, completions, answer, **_):
+        seen.append((list(prompts), list(completions), list(answer)))
         return [1.0] * len(completions)
 
-    res = evaluate(sampler, evals, [[i] for i in range(4)], reward_fn=flaky, num_samples=0)
-    assert res["accuracy"] == pytest.approx(0.5)  # the wrong (odd) greedy ones crash -> 0.0
-    assert res["reward_failures"] == 2
+    def sample(num_samples, greedy):
+        return [[f"{i}.{j}" for j in range(num_samples)] for i in range(3)], 0
+
+    heldout_pass_at_k(sample, prompts, fields, reward, samples=2, ks=(2,))
+    ((p, c, a),) = seen
+    assert p == [prompts[0]] * 2 + [prompts[1]] * 2 + [prompts[2]] * 2
+    assert c == ["0.0", "0.1", "1.0", "1.1", "2.0", "2.1"]
+    assert a == [x for x in fields["answer"] for _ in range(2)]
 
 
-def test_evaluate_validates_sampler_output():
-    _, evals = generate_task("add_2d", num_train=0, num_eval=2, seed=1)
-    with pytest.raises(ValueError, match="expected 2 entries of 3"):
-        evaluate(lambda t, n, g: [["1"]] * len(t), evals, [[0], [1]], num_samples=3, greedy=False)
-    with pytest.raises(ValueError, match="2 examples but 1"):
-        evaluate(lambda t, n, g: [], evals, [[0]])
+def test_heldout_counts_a_failing_reward_as_wrong():
+    evals, prompts, fields = _problems(4, seed=1)
+
+    def flaky(prompts, completions, answer, **_):
+        raise RuntimeError("grader crashed")
+
+    res = heldout_accuracy(FakeSampler(evals, 2), prompts, fields, flaky)
+    assert res["acc"] == 0.0 and res["solved"] == "0000"
 
 
-def test_evaluate_task_uses_task_prompts_and_reward():
-    class Tok:
-        def apply_chat_template(self, messages, tokenize=False, add_generation_prompt=True):
-            return "".join(f"<{m['role']}>{m['content']}" for m in messages) + "<assistant>"
-
-        def encode(self, text, add_special_tokens=False):
-            return [ord(ch) for ch in text]
-
-    task = load_task({"name": "add_2d", "num_train": 0, "num_eval": 5, "seed": 2})
-
-    def oracle(tokens, num, greedy):
-        out = []
-        for t in tokens:
-            text = "".join(map(chr, t))
-            assert text.endswith(" = ")  # prefill format
-            a, b = text.rsplit("<assistant>", 1)[1].rstrip(" =").split(" + ")
-            out.append([f"{int(a) + int(b)}<|im_end|>"] * num)
-        return out
-
-    res = evaluate_task(oracle, task, Tok(), num_samples=2)
-    assert res["accuracy"] == 1.0 and res["pass@2"] == 1.0 and res["prompts_too_long"] == 0
+def test_heldout_validates_sampler_output_and_inputs():
+    _, prompts, fields = _problems(2, seed=1)
+    with pytest.raises(ValueError, match="expected 2 problems of 3"):
+        heldout_pass_at_k(
+            lambda n, g: ([["1"]] * 2, 0), prompts, fields, arith_reward, samples=3, ks=(1,)
+        )
+    with pytest.raises(ValueError, match="expected 2 problems of 1"):
+        heldout_accuracy(lambda n, g: ([["1"]], 0), prompts, fields, arith_reward)
+    with pytest.raises(ValueError, match="field 'answer' has 2 values for 1"):
+        heldout_accuracy(lambda n, g: ([["1"]], 0), prompts[:1], fields, arith_reward)
+    with pytest.raises(ValueError, match="at least one problem"):
+        heldout_accuracy(lambda n, g: ([], 0), [], {}, arith_reward)

@@ -7,10 +7,9 @@ import pytest
 from pop_helpers import fwd, left_padded, randn, setup
 
 from essa_jax.lora import merge_lora, sft_genome, svd_lora_to_lora
+from essa_jax.mesh import make_mesh, padded_size
 from essa_jax.models import generate_jit
 from essa_jax.population import (
-    make_population_mesh,
-    padded_size,
     population_forward,
     population_generate,
 )
@@ -83,11 +82,14 @@ def test_input_validation():
 
 
 def test_mesh_construction():
-    mesh = make_population_mesh(4, 2)
-    assert dict(mesh.shape) == {"pop": 4, "data": 2}
-    assert dict(make_population_mesh().shape) == {"pop": len(jax.devices()), "data": 1}
-    with pytest.raises(ValueError, match="needs 16 devices"):
-        make_population_mesh(8, 2)
+    mesh = make_mesh(pop=4, data=2)
+    assert dict(mesh.shape) == {"pop": 4, "data": 2, "model": 1}
+    n = len(jax.devices())
+    assert dict(make_mesh().shape) == {"pop": n, "data": 1, "model": 1}
+    with pytest.raises(ValueError, match="valid pop values: 1..4"):
+        make_mesh(pop=8, data=2)
+    with pytest.raises(ValueError, match="does not divide the 8 devices"):
+        make_mesh(data=3)
     assert [padded_size(n, 4) for n in (1, 4, 5, 8)] == [4, 4, 8, 8]
 
 

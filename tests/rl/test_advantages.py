@@ -1,11 +1,15 @@
 """Advantages and focal weights against hand-computed numbers (F-GRPO arXiv 2602.06717)."""
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from absl.testing import parameterized
 
 from essa_jax.rl import (
+    GRPOConfig,
+    compute_advantages,
     focal_group_advantages,
     focal_weights,
     group_advantages,
@@ -102,3 +106,50 @@ def test_jit_and_stop_gradient():
 def test_bad_input_errors(call, match):
     with pytest.raises(ValueError, match=match):
         call()
+
+
+def _numpy_advantages(r, n, scale, eps=1e-6, ddof=1):
+    x = np.asarray(r, np.float64).reshape(-1, n)
+    centred = x - x.mean(1, keepdims=True)
+    if scale == "group":
+        return (centred / (x.std(1, ddof=ddof, keepdims=True) + eps)).reshape(-1)
+    if scale == "batch":
+        return (centred / (x.std(ddof=ddof) + eps)).reshape(-1)
+    return centred.reshape(-1)
+
+
+class PureFunctionsTest(chex.TestCase):
+    """The pure advantage / focal functions, jitted and not, against NumPy and the paper."""
+
+    REWARDS = np.array([1.0, 0.0, 0.0, 0.0, 3.0, 1.0, 2.0, 2.0, 1.0, 1.0, 1.0, 1.0], np.float32)
+
+    @chex.variants(with_jit=True, without_jit=True)
+    @parameterized.parameters("group", "batch", "none")
+    def test_group_advantages(self, scale):
+        f = self.variant(group_advantages, static_argnums=(1, 2))
+        got = f(jnp.asarray(self.REWARDS), 4, scale)
+        np.testing.assert_allclose(got, _numpy_advantages(self.REWARDS, 4, scale), rtol=1e-5)
+        np.testing.assert_array_equal(np.asarray(got)[8:], 0.0)  # zero-variance group
+
+    @chex.variants(with_jit=True, without_jit=True)
+    def test_focal_weights_table(self):
+        f = self.variant(focal_weights, static_argnums=(1,))
+        g = np.asarray(f(_binary_groups(8, range(1, 8)), 8, 0.5)).reshape(7, 8)
+        expected = [0.935, 0.866, 0.791, 0.707, 0.612, 0.500, 0.354]
+        np.testing.assert_allclose(g[:, 0], expected, atol=5e-4)
+
+    @chex.variants(with_jit=True, without_jit=True)
+    def test_success_rate(self):
+        f = self.variant(success_rate, static_argnums=(1, 2, 3))
+        mu = f(jnp.array([1.0, -1.0, 2.0, 2.0]), 2, 1.0, -1.0)
+        np.testing.assert_allclose(mu, [0.5, 0.5, 1.0, 1.0])
+
+    @chex.variants(with_jit=True, without_jit=True)
+    @parameterized.parameters(("group", "none", 0.0), ("none", "focal", 0.5), ("batch", "focal", 2))
+    def test_compute_advantages_composes_estimator_and_weighting(self, adv, weighting, gamma):
+        cfg = GRPOConfig(group_size=4, advantage=adv, weighting=weighting, gamma=gamma)
+        f = self.variant(compute_advantages, static_argnums=(1,))
+        rewards = jnp.asarray(self.REWARDS)
+        w = np.asarray(focal_weights(rewards, 4, gamma)) if weighting == "focal" else np.ones(12)
+        want = (w * _numpy_advantages(self.REWARDS, 4, adv), w)
+        chex.assert_trees_all_close(f(rewards, cfg), want, rtol=1e-5, atol=1e-6)

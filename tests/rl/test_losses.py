@@ -3,15 +3,22 @@
 import itertools
 import math
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from absl.testing import parameterized
 
-from essa_jax.rl import policy_loss
+from essa_jax.rl import AGGREGATIONS, LOSS_KINDS, policy_loss
 
-KINDS = ("grpo", "cispo")
-AGGS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm")
+KINDS = LOSS_KINDS
+AGGS = AGGREGATIONS
+
+
+def test_the_one_list_of_loss_kinds_and_aggregations():
+    assert LOSS_KINDS == ("grpo", "cispo")
+    assert AGGREGATIONS == ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm")
 
 
 def reference_loss(
@@ -223,3 +230,34 @@ def test_bad_input_errors(kw, match):
         policy_loss(x, x, jnp.zeros(2), x, **kw)
     with pytest.raises(ValueError, match="advantages must be"):
         policy_loss(x, x, jnp.zeros(3), x)
+
+
+class PolicyLossVariantsTest(chex.TestCase):
+    """policy_loss jitted and not (kind / agg static) against the NumPy reference."""
+
+    @chex.variants(with_jit=True, without_jit=True)
+    @parameterized.parameters(
+        ("grpo", "token_mean", 0.0), ("cispo", "seq_mean_token_mean", 0.04),
+        ("grpo", "seq_mean_token_sum_norm", 0.04),
+    )  # fmt: skip
+    def test_matches_reference(self, kind, agg, beta):
+        logp, old, adv, mask, ref = _inputs(11)
+        eps_low, eps_high = (1.0, 5.0) if kind == "cispo" else (0.2, 0.28)
+
+        def f(lp, o, a, m, r):
+            return policy_loss(
+                lp, o, a, m, kind=kind, eps_low=eps_low, eps_high=eps_high, agg=agg, ref_logp=r,
+                beta=beta,
+            )  # fmt: skip
+
+        f32 = lambda x: jnp.asarray(x, jnp.float32)  # noqa: E731
+        loss, aux = self.variant(f)(f32(logp), f32(old), f32(adv), f32(mask), f32(ref))
+        want, lo, hi = reference_loss(
+            logp, old, adv, mask, kind, eps_low, eps_high, agg, None, ref, beta
+        )
+        chex.assert_trees_all_close(
+            (loss, aux["clip_low_frac"], aux["clip_high_frac"]),
+            (np.float32(want), np.float32(lo), np.float32(hi)),
+            rtol=1e-5,
+            atol=1e-6,
+        )

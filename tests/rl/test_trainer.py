@@ -2,21 +2,31 @@
 
 import dataclasses
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from essa_jax.lora import LoraConfig, SVDLoRA, init_lora, svd_factorize
-from essa_jax.lora.svd import genome_to_svd_lora, sft_genome
-from essa_jax.models import ModelConfig, init_params, sequence_logprobs
-from essa_jax.rl import GRPOConfig
-from essa_jax.rl.trainer import (
-    FrozenPolicy,
-    GRPOTrainer,
+from essa_jax.lora import (
+    LoraConfig,
+    SVDLoRA,
     genome_policy,
+    genome_to_svd_lora,
+    init_lora,
     lora_policy,
+    sft_genome,
+    svd_factorize,
     svd_policy,
+)
+from essa_jax.models import ModelConfig, init_params, sequence_logprobs
+from essa_jax.rl import (
+    FrozenPolicy,
+    GRPOConfig,
+    GRPOConfigError,
+    GRPOTrainer,
+    group_advantages,
+    register_weighting,
 )
 
 TARGET = 5  # the token the toy reward asks for
@@ -87,6 +97,7 @@ def lora_setup(model):
         group_size=4,
         max_new_tokens=4,
         learning_rate=1e-2,
+        weighting="focal",
         gamma=0.5,
         beta=0.05,
         num_minibatches=2,
@@ -138,8 +149,7 @@ def test_step_is_deterministic_from_state(lora_setup):
     state = trainer.init(trainable, jax.random.key(3))
     a, ma = _run(trainer, state, policy, 2)
     b, mb = _run(trainer, jax.tree.map(jnp.copy, state), policy, 2)
-    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
-        np.testing.assert_array_equal(x, y)
+    chex.assert_trees_all_equal(a, b)
     assert ma[-1]["reward_mean"] == mb[-1]["reward_mean"]
     assert ma[-1]["loss"] == mb[-1]["loss"]
 
@@ -206,7 +216,13 @@ def test_policy_learns_toy_reward(model, gamma):
     # Tied embeddings at init std 0.02 cap every logit near 0.6, so no adapter can make the target
     # likely; a larger embedding scale gives the output layer room (the rest is rms-normed).
     params = {**model, "embed": model["embed"] * 8.0}
-    cfg = GRPOConfig(group_size=8, max_new_tokens=4, learning_rate=3e-2, gamma=gamma)
+    cfg = GRPOConfig(
+        group_size=8,
+        max_new_tokens=4,
+        learning_rate=3e-2,
+        weighting="focal" if gamma else "none",
+        gamma=gamma,
+    )
     trainable, frozen, to_lora = lora_policy(_lora(targets=("q", "v", "o", "up", "down")))
     trainer = _trainer(cfg, to_lora)
     state = trainer.init(trainable, jax.random.key(0))
@@ -217,17 +233,80 @@ def test_policy_learns_toy_reward(model, gamma):
 
 
 def test_config_validation():
-    with pytest.raises(ValueError, match="method must be one of"):
-        GRPOConfig(method="ppo")
-    with pytest.raises(ValueError, match="group_size"):
+    with pytest.raises(GRPOConfigError, match="loss must be one of") as e:
+        GRPOConfig(loss="ppo")
+    assert e.value.field == "loss" and e.value.value == "ppo"
+    with pytest.raises(GRPOConfigError, match="group_size") as e:
         GRPOConfig(group_size=1)
+    assert e.value.field == "group_size"
     with pytest.raises(ValueError, match="agg must be one of"):
         GRPOConfig(agg="sum")
     with pytest.raises(ValueError, match="num_minibatches"):
         GRPOConfig(group_size=4, num_minibatches=3).check_batch(8)
-    assert GRPOConfig(method="dapo").eps_high == 0.28
-    c = GRPOConfig.preset("f-cispo")
-    assert (c.loss_kind, c.eps_low, c.eps_high, c.gamma) == ("cispo", 1.0, 5.0, 0.5)
+    # DAPO is the "grpo" loss with clip-higher; CISPO's eps_low = 1 needs the "cispo" loss.
+    assert GRPOConfig(eps_high=0.28).eps_high == 0.28
+    with pytest.raises(GRPOConfigError, match="eps_low") as e:
+        GRPOConfig(eps_low=1.0)
+    assert e.value.field == "eps_low"
+    c = GRPOConfig(loss="cispo", eps_low=1.0, eps_high=5.0, weighting="focal", gamma=0.5)
+    assert (c.loss, c.eps_low, c.eps_high, c.gamma) == ("cispo", 1.0, 5.0, 0.5)
     assert dataclasses.replace(c, gamma=0.0).gamma == 0.0
-    with pytest.raises(ValueError, match="unknown GRPO preset"):
-        GRPOConfig.preset("ppo")
+    # Names are checked against the registries; gamma acts only with the focal weighting.
+    with pytest.raises(GRPOConfigError, match="advantage must be one of") as e:
+        GRPOConfig(advantage="std")
+    assert e.value.field == "advantage"
+    with pytest.raises(GRPOConfigError, match="weighting must be one of"):
+        GRPOConfig(weighting="hard")
+    with pytest.raises(GRPOConfigError, match="weighting='focal'") as e:
+        GRPOConfig(gamma=0.5)
+    assert e.value.field == "gamma"
+    for field, value in (("top_p", 0.0), ("top_k", -1), ("epochs", 0), ("adam_b2", 1.0)):
+        with pytest.raises(GRPOConfigError) as e:
+            GRPOConfig(**{field: value})
+        assert e.value.field == field
+    hash(GRPOConfig())  # a jit static argument
+
+
+def _scaled_by_prompt(rewards, group_size, cfg):
+    """A custom weighting for the tests: prompt p's group gets weight p + 1 (1, 2, 3, 4)."""
+    del cfg
+    return jnp.repeat(jnp.arange(1.0, rewards.shape[0] // group_size + 1.0), group_size)
+
+
+register_weighting("test_scaled_by_prompt", _scaled_by_prompt, overwrite=True)
+register_weighting(
+    "test_zero", lambda r, n, cfg: jnp.zeros(r.shape[0], jnp.float32), overwrite=True
+)
+
+
+def test_registered_weighting_reaches_the_batch(lora_setup):
+    """A weighting registered by name is what the trainer multiplies the advantages by."""
+    trainer, trainable, policy = lora_setup
+    toks, mask, _ = _prompts()
+    gen = trainer.rollout(policy, trainable, toks, mask, jax.random.key(2))
+    rewards = jnp.array([1, 0, 0, 0, 1, 1, 0, 0, 0, 0, 0, 1, 1, 1, 1, 0], jnp.float32)
+    cfg = GRPOConfig(group_size=4, max_new_tokens=4, weighting="test_scaled_by_prompt")
+    custom = _trainer(cfg, trainer.to_lora)
+    batch, extra = custom.make_batch(policy, trainable, toks, mask, gen, rewards)
+    plain = np.asarray(group_advantages(rewards, 4))
+    want = np.repeat([1.0, 2.0, 3.0, 4.0], 4) * plain
+    np.testing.assert_allclose(batch.advantages, want, rtol=1e-6)
+    # Hand-computed: group 0 has one success of 4, A = (1 - 1/4) / std_ddof1 = 0.75 / 0.5 = 1.5.
+    np.testing.assert_allclose(batch.advantages[0], 1.0 * 1.5, rtol=1e-5)
+    np.testing.assert_allclose(batch.advantages[12], 4.0 * 0.5, rtol=1e-5)  # 3 of 4: 0.25 / 0.5
+    assert float(extra["focal_weight_mean"]) == pytest.approx(2.5)
+
+
+def test_registered_zero_weighting_freezes_the_step(model):
+    """A weighting that filters every group out: zero advantages, zero gradient, same params."""
+    cfg = GRPOConfig(
+        group_size=4, max_new_tokens=4, learning_rate=1e-2, weight_decay=0.0, weighting="test_zero"
+    )
+    trainable, frozen, to_lora = lora_policy(_lora(random_b=True))
+    trainer = _trainer(cfg, to_lora)
+    state = trainer.init(trainable, jax.random.key(0))
+    new, hist = _run(trainer, state, FrozenPolicy(model, frozen), 1)
+    m = hist[0]
+    assert m["focal_weight_mean"] == 0.0 and m["adv_max"] == 0.0 and m["adv_min"] == 0.0
+    assert m["grad_norm"] == 0.0 and m["loss"] == 0.0
+    chex.assert_trees_all_equal(new.params, state.params)

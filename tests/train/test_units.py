@@ -10,13 +10,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from essa_jax.checkpointing import Checkpointer
+from essa_jax.models.tiny import CharTokenizer, tiny_model_config
 from essa_jax.train import summary as summary_lib
-from essa_jax.train.checkpoint import Checkpointer
 from essa_jax.train.metrics import MetricsLogger, read_metrics
 from essa_jax.train.rollouts import PromptSet, init_cursor, next_indices
 from essa_jax.train.sft import sft_sequences
 from essa_jax.train.tasks import encode_split, load_task, reference_completion
-from essa_jax.train.tiny import CharTokenizer, tiny_model_config
 
 
 def test_data_cursor_epochs_and_resume():

@@ -1,25 +1,38 @@
-"""Group-relative advantages and the focal weight of F-GRPO.
+"""Advantage estimators: group-relative advantages and a registry of estimators by name.
 
 Rewards are flat `[num_prompts * group_size]` with each prompt's group of rollouts contiguous
 (prompt 0's rollouts first, then prompt 1's, ...): the layout `jnp.repeat(prompts, group_size, 0)`
 produces. Every function here is pure, jit-able (`group_size` and the string options are static) and
-returns one value per rollout, so they compose by multiplication:
+returns one value per rollout. The trainer's advantages are an estimator's output times a weighting
+(`essa_jax.rl.weighting`):
 
     GRPO    A   = group_advantages(R, N)
     F-GRPO  A^F = focal_weights(R, N, gamma) * group_advantages(R, N)
 
 Rewards are maximised: a positive advantage raises the probability of that rollout.
+
+The registry (`GRPOConfig.advantage` names one entry): an estimator is
+
+    fn(rewards: jax.Array [B], group_size: int, cfg: GRPOConfig) -> jax.Array [B]
+
+reading from `cfg` whatever it needs (the built-ins read `adv_eps` and `adv_ddof`). Built in:
+"group" (GRPO, std of each prompt's group), "batch" (std of the whole batch, Lite PPO) and "none"
+(Dr.GRPO, no std). Add one with `register_estimator("name", fn)` (or as a decorator); a
+hyper-parameter of your own goes in the closure, e.g. `functools.partial`.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from collections.abc import Callable
+from typing import Any, Literal
 
 import jax
 import jax.numpy as jnp
 
 AdvantageScale = Literal["group", "batch", "none"]
 ADVANTAGE_SCALES = ("group", "batch", "none")
+# fn(rewards [B], group_size, cfg) -> advantages [B].
+Estimator = Callable[[jax.Array, int, Any], jax.Array]
 
 
 def _grouped(rewards: jax.Array, group_size: int) -> jax.Array:
@@ -97,73 +110,59 @@ def group_advantages(
     return adv.reshape(-1)
 
 
-def success_rate(
-    rewards: jax.Array, group_size: int, r_correct: float = 1.0, r_wrong: float = 0.0
-) -> jax.Array:
-    """Empirical success rate of each group, broadcast per rollout (F-GRPO, arXiv 2602.06717).
-
-        mu = (mean_g(R) - R_wrong) / (R_correct - R_wrong), clipped to [0, 1]
-
-    With binary rewards this is X / N (X correct rollouts of N). Returns [num_prompts * group_size].
-    """
-    if r_correct == r_wrong:
-        raise ValueError(f"r_correct and r_wrong must differ, both are {r_correct!r}")
-    grouped = _grouped(rewards, group_size)
-    mu = (jnp.mean(grouped, axis=1) - r_wrong) / (r_correct - r_wrong)
-    mu = jnp.clip(mu, 0.0, 1.0)
-    return jnp.repeat(mu, group_size)
-
-
-def focal_weights(
-    rewards: jax.Array,
-    group_size: int,
-    gamma: float | jax.Array,
-    r_correct: float = 1.0,
-    r_wrong: float = 0.0,
-) -> jax.Array:
-    """Focal weight of each rollout's group (F-GRPO, arXiv 2602.06717): g = (1 - mu)^gamma.
-
-    `mu` is the group's success rate (`success_rate`). The weight is one scalar per prompt group,
-    broadcast to its rollouts, and is a constant for the optimiser (stop_gradient): it rescales the
-    advantage, it is not optimised. gamma = 0 gives g = 1 everywhere, including all-correct groups
-    (0^0 = 1), so `focal_weights * group_advantages` is exactly GRPO. Harder prompts (lower mu)
-    keep more of their advantage: N = 8, gamma = 0.5, X = 1..7 correct gives
-    0.935, 0.866, 0.791, 0.707, 0.612, 0.500, 0.354.
-
-    Args:
-      rewards: [num_prompts * group_size], each prompt's group contiguous.
-      group_size: rollouts per prompt N.
-      gamma: focusing exponent, >= 0 (paper: 0.5, 1 or 2; 0.5 usually best).
-      r_correct, r_wrong: rewards of a correct / wrong rollout (defining mu for non-binary rewards).
-
-    Returns:
-      [num_prompts * group_size] weights in [0, 1].
-    """
-    if not isinstance(gamma, jax.core.Tracer):
-        if jnp.ndim(gamma) != 0 or float(gamma) < 0:
-            raise ValueError(f"gamma must be a scalar >= 0, got {gamma!r}")
-    mu = success_rate(rewards, group_size, r_correct, r_wrong)
-    return jax.lax.stop_gradient(jnp.power(1.0 - mu, jnp.asarray(gamma, mu.dtype)))
-
-
-def focal_group_advantages(
-    rewards: jax.Array,
-    group_size: int,
-    gamma: float | jax.Array,
-    scale: AdvantageScale = "group",
-    eps: float = 1e-6,
-    ddof: int = 1,
-    r_correct: float = 1.0,
-    r_wrong: float = 0.0,
-) -> jax.Array:
-    """F-GRPO advantages A^F_i = g * A_i (arXiv 2602.06717): the composition, nothing more."""
-    return focal_weights(rewards, group_size, gamma, r_correct, r_wrong) * group_advantages(
-        rewards, group_size, scale, eps, ddof
-    )
-
-
 def zero_variance_fraction(rewards: jax.Array, group_size: int) -> jax.Array:
     """Fraction of groups whose rewards are all equal (they carry no GRPO signal)."""
     grouped = _grouped(rewards, group_size)
     same = jnp.all(grouped == grouped[:, :1], axis=1)
     return jnp.mean(same.astype(jnp.float32))
+
+
+# ----------------------------------------------------------------------------- the registry
+
+_ESTIMATORS: dict[str, Estimator] = {}
+
+
+def register_estimator(name: str, fn: Estimator | None = None, *, overwrite: bool = False):
+    """Register `fn(rewards [B], group_size, cfg) -> [B]` as advantage estimator `name`.
+
+    Use as `register_estimator("rloo", fn)` or as a decorator `@register_estimator("rloo")`;
+    returns `fn`. Then `GRPOConfig(advantage="rloo")` selects it. Re-registering a name raises
+    unless `overwrite=True`.
+    """
+
+    def add(f: Estimator) -> Estimator:
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"an estimator name must be a non-empty string, got {name!r}")
+        if not callable(f):
+            raise TypeError(f"estimator {name!r} must be callable, got {f!r}")
+        if name in _ESTIMATORS and not overwrite:
+            raise ValueError(f"advantage estimator {name!r} is already registered")
+        _ESTIMATORS[name] = f
+        return f
+
+    return add if fn is None else add(fn)
+
+
+def get_estimator(name: str) -> Estimator:
+    """The advantage estimator registered as `name`; ValueError naming the valid ones if none."""
+    if name not in _ESTIMATORS:
+        raise ValueError(f"unknown advantage estimator {name!r}; registered: {estimator_names()}")
+    return _ESTIMATORS[name]
+
+
+def estimator_names() -> tuple[str, ...]:
+    """Names of the registered advantage estimators, in registration order."""
+    return tuple(_ESTIMATORS)
+
+
+def _scaled(scale: AdvantageScale) -> Estimator:
+    def estimator(rewards: jax.Array, group_size: int, cfg: Any) -> jax.Array:
+        return group_advantages(rewards, group_size, scale, cfg.adv_eps, cfg.adv_ddof)
+
+    estimator.__name__ = f"{scale}_advantages"
+    estimator.__doc__ = f"`group_advantages(rewards, group_size, {scale!r}, adv_eps, adv_ddof)`."
+    return estimator
+
+
+for _scale in ADVANTAGE_SCALES:
+    register_estimator(_scale, _scaled(_scale))

@@ -1,6 +1,7 @@
 """A tiny random model and a character tokenizer: the `model.path = "random:<preset>"` backend.
 
 Tests run every pipeline end to end on these in seconds, with no hub and no checkpoint on disk.
+`essa_jax.config` reads `TINY_PRESETS` / `tiny_model_config` to validate a "random:<preset>" path.
 The tokenizer knows ChatML (`<|im_start|>`, `<|im_end|>`), like SmolLM2's, so prompts render the
 same way as with the real model.
 """
@@ -16,6 +17,7 @@ import jax
 import jax.numpy as jnp
 
 from essa_jax.models.config import ModelConfig
+from essa_jax.models.transformer import init_params
 
 SPECIAL_TOKENS = ("<pad>", "<|im_start|>", "<|im_end|>")
 _CHARS = string.printable[:95] + "\n"  # digits, letters, punctuation, space, newline
@@ -52,8 +54,6 @@ def tiny_model_config(preset: str) -> ModelConfig:
 
 def tiny_model(preset: str, seed: int = 0, dtype: Any = jnp.float32) -> tuple[ModelConfig, dict]:
     """(ModelConfig, random params) of a preset; same seed, same weights."""
-    from essa_jax.models import init_params
-
     config = tiny_model_config(preset)
     return config, init_params(jax.random.PRNGKey(seed), config, dtype)
 

@@ -1,0 +1,352 @@
+"""Fitness of a population: one sharded generation program, rewards on the host, fitness gathered.
+
+ESSA's fitness of a candidate is its mean reward on a mini-batch of training prompts
+(arXiv 2507.04453, Sec. 3.2; 100-500 prompts per candidate in the paper). Fitness is MAXIMISED.
+
+`PopulationEvaluator` owns everything between a population of genomes and its fitness vector
+(docs/ARCHITECTURE.md, "The path of a genome"):
+
+1. the mesh (`essa_jax.mesh.make_mesh`, over every process's devices) and the base weights placed
+   on it once;
+2. one compiled generation program for all P x B rows (`population_generate`), sharded over the
+   mesh's ``pop`` and ``data`` axes, padded by the one padding rule of `essa_jax.mesh`;
+3. the host side: each process reads back only the rows its own devices generated (no tokens cross
+   process boundaries), and scores them with the `score` callback (`text_reward` wraps a task's
+   reward function: decode, then `reward_fn(prompts, completions, **fields)`);
+4. the gather: per-row rewards, lengths and "finished" flags (a few floats per rollout, never
+   weights or tokens) are all-gathered across processes, so every process holds the same fitness
+   vector and applies the identical `tell`.
+
+The result does not depend on the layout: a row's sampling key is fold_in(fold_in(key, member),
+prompt) with the member's index in the whole population, so 1 device, N devices and N processes
+draw the same samples (greedy fitness is layout-independent as long as XLA's per-device arithmetic
+is).
+
+Prompts are shared by all members (`PromptBatch` with tokens [B, T]: candidates are ranked on
+identical problems) or drawn per candidate (tokens [P, B, T], the paper's mini-batch per candidate).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh
+
+from essa_jax.lora.svd import GenomeLayout, SVDBasis
+from essa_jax.mesh import place
+from essa_jax.models import Generation, decode_completions
+from essa_jax.population.engine import population_generate
+
+
+@dataclasses.dataclass(frozen=True)
+class PromptBatch:
+    """The prompts a population is scored on, shared `[B]` or per candidate `[P, B]`.
+
+    tokens / mask: `[B, T]` (shared) or `[P, B, T]` (per candidate), left-padded int32.
+    prompts: prompt texts (what the reward sees), `[B]` or `[P][B]` like the tokens.
+    fields: per-prompt task columns for the reward (e.g. {"answer": ...}), `[B]` or `[P][B]`.
+    """
+
+    tokens: np.ndarray
+    mask: np.ndarray
+    prompts: Sequence[Any]
+    fields: Mapping[str, Sequence[Any]] = dataclasses.field(default_factory=dict)
+
+    @property
+    def per_candidate(self) -> bool:
+        return np.ndim(self.tokens) == 3
+
+    @property
+    def num_prompts(self) -> int:
+        return int(np.shape(self.tokens)[-2])
+
+    def row(self, values: Sequence[Any], member: int, prompt: int) -> Any:
+        """Entry of a prompt-aligned column (`prompts` or a field) for one (member, prompt) row."""
+        return values[member][prompt] if self.per_candidate else values[prompt]
+
+
+@dataclasses.dataclass(frozen=True)
+class Rows:
+    """The rows of a population generation that this process scores (n rows, member-major).
+
+    members / prompts: `[n]` indices into the population and the member's prompts; generation:
+    the `Generation` fields as numpy, `[n, N]` / `[n]`; texts / fields: the prompt texts and task
+    columns of each row (lists of n), ready for a reward function.
+    """
+
+    members: np.ndarray
+    prompts: np.ndarray
+    generation: Generation
+    texts: list[Any]
+    fields: dict[str, list[Any]]
+
+
+ScoreFn = Callable[[Rows], Sequence[float]]
+
+
+def text_reward(
+    reward_fn: Callable[..., Sequence[float]], decode: Any, eos_token_ids: Sequence[int] = ()
+) -> ScoreFn:
+    """A `ScoreFn` from a task's reward: decode each row's completion (`decode` is a tokenizer or
+    `list[int] -> str`), then `reward_fn(prompts, completions, **fields) -> list[float]`."""
+
+    def score(rows: Rows) -> Sequence[float]:
+        gen = rows.generation
+        completions = decode_completions(decode, gen.tokens, gen.lengths, eos_token_ids)
+        return reward_fn(rows.texts, completions, **rows.fields)
+
+    return score
+
+
+@dataclasses.dataclass
+class PopulationEval:
+    """One population's evaluation, identical on every process (P members x B prompts).
+
+    fitness [P]: mean reward per member (maximised). rewards, lengths, finished [P, B]: per row.
+    metrics: reward mean/std, fitness std, fraction of members whose rewards are all equal,
+    completion length, truncation, generated tokens; `skipped_tell` once a step has used it.
+    """
+
+    fitness: np.ndarray
+    rewards: np.ndarray
+    lengths: np.ndarray
+    finished: np.ndarray
+    metrics: dict[str, float]
+
+
+_FIELDS = ("tokens", "logprobs", "mask", "lengths", "finished")
+
+
+def _local_blocks(gen: Generation, num_members: int, num_prompts: int) -> list[tuple]:
+    """The blocks of the padded `[P_pad, B_pad]` grid that this process scores, in grid order:
+    `(members, prompts, {field: numpy [m, b, ...]})` for each replica-0 shard on its devices,
+    clipped to the real rows (a block held on several devices is scored once, by replica 0)."""
+    blocks = []
+    shards = [getattr(gen, name).addressable_shards for name in _FIELDS]
+    for group in zip(*shards, strict=True):
+        first = group[0]
+        if first.replica_id != 0:
+            continue
+        rows, cols = first.index[:2]
+        m0, m1, _ = rows.indices(gen.lengths.shape[0])
+        p0, p1, _ = cols.indices(gen.lengths.shape[1])
+        m1, p1 = min(m1, num_members), min(p1, num_prompts)
+        if m0 >= m1 or p0 >= p1:
+            continue  # padding only
+        data = {
+            n: np.asarray(s.data)[: m1 - m0, : p1 - p0] for n, s in zip(_FIELDS, group, strict=True)
+        }
+        blocks.append((np.arange(m0, m1), np.arange(p0, p1), data))
+    return sorted(blocks, key=lambda b: (b[0][0], b[1][0]))
+
+
+def _empty_rows(gen: Generation) -> dict[str, np.ndarray]:
+    """Zero rows of every field (shape [0, 0, ...]), for a process that scores nothing."""
+    return {n: np.zeros((0, 0) + getattr(gen, n).shape[2:], getattr(gen, n).dtype) for n in _FIELDS}
+
+
+def _allgather_owned(values: np.ndarray, owned: np.ndarray) -> np.ndarray:
+    """Combine per-process arrays in which each entry is owned (filled) by exactly one process."""
+    stacked = np.concatenate([values, owned[None].astype(values.dtype)])
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        all_ = np.asarray(multihost_utils.process_allgather(stacked, tiled=False))
+    else:
+        all_ = stacked[None]
+    vals, own = all_[:, :-1], all_[:, -1:] > 0
+    if not np.all(own.sum(axis=0) == 1):
+        raise RuntimeError("population rows were scored by none or several processes")
+    return np.where(own, vals, 0).sum(axis=0)
+
+
+class PopulationEvaluator:
+    """Genomes `[P, D]` -> `PopulationEval`, over a mesh of every process's devices.
+
+    Call it with the same genomes and key on every process (they come from the shared strategy
+    state and key); it returns the identical evaluation everywhere.
+
+    Args:
+      params: base weights (placed on the mesh once, replicated).
+      model_config: the model's `ModelConfig`.
+      layout: the genome layout of the SVD adapters.
+      mesh: a mesh of `essa_jax.mesh.make_mesh` (None: one device, no shard_map).
+      score: `ScoreFn` giving one reward per row of this process (`text_reward(...)` for a task).
+      max_new_tokens, greedy, temperature, top_k, top_p, eos_token_ids: decoding of the rows.
+    """
+
+    def __init__(
+        self,
+        params: Any,
+        model_config: Any,
+        layout: GenomeLayout,
+        *,
+        mesh: Mesh | None,
+        score: ScoreFn,
+        max_new_tokens: int,
+        greedy: bool = True,
+        temperature: float = 1.0,
+        top_k: int = 0,
+        top_p: float = 1.0,
+        eos_token_ids: Sequence[int] | None = None,
+    ):
+        self.model_config = model_config
+        self.layout = layout
+        self.mesh = mesh
+        self.score = score
+        self.settings = dict(
+            max_new_tokens=max_new_tokens,
+            greedy=bool(greedy),
+            temperature=float(temperature),
+            top_k=top_k,
+            top_p=top_p,
+            eos_token_ids=None if eos_token_ids is None else tuple(eos_token_ids),
+        )
+        self.params = params if mesh is None else place(params, mesh)
+
+    def _inputs(self, basis: SVDBasis, genomes: Any, batch: PromptBatch, key: jax.Array):
+        """The program's arguments, as global arrays on the mesh (replicated: the program pads
+        and slices its own shards, so nothing but the P genomes' slices moves)."""
+        if jnp.issubdtype(jnp.asarray(key).dtype, jax.dtypes.prng_key):
+            key = jax.random.key_data(key)
+        args = (
+            basis,
+            np.asarray(genomes, np.float32),
+            np.asarray(batch.tokens, np.int32),
+            np.asarray(batch.mask, np.int32),
+            np.asarray(key),
+        )
+        return args if self.mesh is None else place(args, self.mesh)
+
+    def generate(self, basis: SVDBasis, genomes: Any, batch: PromptBatch, key: jax.Array):
+        """The padded generation `[P_pad, B_pad, ...]`, sharded over the mesh (global arrays)."""
+        num_members = int(np.shape(genomes)[0])
+        if batch.per_candidate and np.shape(batch.tokens)[0] != num_members:
+            raise ValueError(
+                f"per-candidate prompts are [P, B, T] with P={np.shape(batch.tokens)[0]}, but the "
+                f"population has P={num_members} members"
+            )
+        basis, genomes, tokens, mask, key = self._inputs(basis, genomes, batch, key)
+        return population_generate(
+            self.params,
+            self.model_config,
+            basis,
+            self.layout,
+            genomes,
+            tokens,
+            mask,
+            key,
+            mesh=self.mesh,
+            keep_padding=True,
+            **self.settings,
+        )
+
+    def lower(self, basis: SVDBasis, genomes: Any, batch: PromptBatch, key: jax.Array):
+        """The lowered generation program (for cost, memory and communication accounting)."""
+        from essa_jax.population.engine import _population_generate
+
+        basis, genomes, tokens, mask, key = self._inputs(basis, genomes, batch, key)
+        return _population_generate.lower(
+            self.params,
+            basis,
+            genomes,
+            tokens,
+            mask,
+            key,
+            config=self.model_config,
+            layout=self.layout,
+            mesh=self.mesh,
+            keep_padding=True,
+            **self.settings,
+        )
+
+    def __call__(
+        self, basis: SVDBasis, genomes: Any, batch: PromptBatch, key: jax.Array
+    ) -> PopulationEval:
+        """Fitness `[P]` = mean reward of each member over its B prompts (maximised)."""
+        num_members, num_prompts = int(np.shape(genomes)[0]), batch.num_prompts
+        gen = self.generate(basis, genomes, batch, key)
+        blocks = _local_blocks(gen, num_members, num_prompts)
+        if not blocks:  # this process's devices hold padding only (P < devices on the pop axis)
+            blocks = [(np.zeros(0, int), np.zeros(0, int), _empty_rows(gen))]
+        members = np.concatenate([np.repeat(m, len(q)) for m, q, _ in blocks])
+        prompts = np.concatenate([np.tile(q, len(m)) for m, q, _ in blocks])
+        # Member-major order, whatever the blocks: the score sees rows as one device would.
+        order = np.lexsort((prompts, members))
+        members, prompts = members[order], prompts[order]
+        rows = Generation(
+            **{
+                n: np.concatenate([d[n].reshape((-1,) + d[n].shape[2:]) for _, _, d in blocks])[
+                    order
+                ]
+                for n in _FIELDS
+            }
+        )
+        pairs = list(zip(members.tolist(), prompts.tolist(), strict=True))
+        local = Rows(
+            members=members,
+            prompts=prompts,
+            generation=rows,
+            texts=[batch.row(batch.prompts, m, q) for m, q in pairs],
+            fields={k: [batch.row(v, m, q) for m, q in pairs] for k, v in batch.fields.items()},
+        )
+        rewards = np.asarray(self.score(local) if pairs else [], np.float32)
+        if rewards.shape != (len(pairs),):
+            raise ValueError(
+                f"the score function returned {rewards.shape[0] if rewards.ndim else rewards} "
+                f"rewards for {len(pairs)} completions; it must return one per completion"
+            )
+        grid = np.zeros((3, num_members, num_prompts), np.float32)
+        owned = np.zeros((num_members, num_prompts), bool)
+        grid[0, members, prompts] = rewards
+        grid[1, members, prompts] = rows.lengths
+        grid[2, members, prompts] = rows.finished
+        owned[members, prompts] = True
+        rewards, lengths, finished = _allgather_owned(grid, owned)
+        lengths, finished = lengths.astype(np.int32), finished > 0
+        fitness = rewards.mean(axis=1)
+        metrics = {
+            "reward_mean": float(rewards.mean()),
+            "reward_std": float(rewards.std()),
+            "fitness_std": float(fitness.std()),
+            "zero_variance_members": float(np.mean(rewards.std(axis=1) == 0)),
+            "completion_len": float(lengths.mean()),
+            "truncated": float(1.0 - finished.mean()),
+            "tokens": int(lengths.sum()),
+        }
+        return PopulationEval(fitness, rewards, lengths, finished, metrics)
+
+
+def essa_generation(
+    strategy: Any,
+    state: Any,
+    key: jax.Array,
+    evaluate: Callable[[jax.Array, jax.Array], PopulationEval],
+    *,
+    skip_flat: bool = False,
+) -> tuple[Any, PopulationEval]:
+    """One ESSA generation (arXiv 2507.04453, Alg. 1): ask -> evaluate -> tell. Fitness MAXIMISED.
+
+    Every process calls it with the same `state` and `key`, so `ask` regenerates the identical
+    population everywhere (only seeds travel); `evaluate(z [P, D], key) -> PopulationEval` (a
+    `PopulationEvaluator` behind the search-space map of the caller) returns the same fitness on
+    every process, so `tell` leaves the same state everywhere.
+
+    skip_flat: leave the state as it is when every member has the same fitness. Equal fitness
+      carries no ranking; CMA-ES would still move its mean (ties broken by index), a random walk of
+      sigma * ||z|| / sqrt(mu_eff) per generation. Reported as metrics["skipped_tell"].
+
+    Returns (new strategy state, the evaluation).
+    """
+    k_ask, k_eval = jax.random.split(key)
+    z = strategy.ask(k_ask, state)
+    ev = evaluate(z, k_eval)
+    flat = bool(skip_flat) and float(np.ptp(ev.fitness)) == 0.0
+    new = state if flat else strategy.tell(state, z, jnp.asarray(ev.fitness))
+    ev.metrics["skipped_tell"] = float(flat)
+    return new, ev
