@@ -29,6 +29,8 @@ from typing import Any, Literal
 import jax
 import jax.numpy as jnp
 
+from essa_jax.rl.registry import Registry
+
 AdvantageScale = Literal["group", "batch", "none"]
 ADVANTAGE_SCALES = ("group", "batch", "none")
 # fn(rewards [B], group_size, cfg) -> advantages [B].
@@ -119,7 +121,7 @@ def zero_variance_fraction(rewards: jax.Array, group_size: int) -> jax.Array:
 
 # ----------------------------------------------------------------------------- the registry
 
-_ESTIMATORS: dict[str, Estimator] = {}
+_ESTIMATORS = Registry("advantage estimator")
 
 
 def register_estimator(name: str, fn: Estimator | None = None, *, overwrite: bool = False):
@@ -129,30 +131,17 @@ def register_estimator(name: str, fn: Estimator | None = None, *, overwrite: boo
     returns `fn`. Then `GRPOConfig(advantage="rloo")` selects it. Re-registering a name raises
     unless `overwrite=True`.
     """
-
-    def add(f: Estimator) -> Estimator:
-        if not isinstance(name, str) or not name:
-            raise ValueError(f"an estimator name must be a non-empty string, got {name!r}")
-        if not callable(f):
-            raise TypeError(f"estimator {name!r} must be callable, got {f!r}")
-        if name in _ESTIMATORS and not overwrite:
-            raise ValueError(f"advantage estimator {name!r} is already registered")
-        _ESTIMATORS[name] = f
-        return f
-
-    return add if fn is None else add(fn)
+    return _ESTIMATORS.register(name, fn, overwrite=overwrite)
 
 
 def get_estimator(name: str) -> Estimator:
-    """The advantage estimator registered as `name`; ValueError naming the valid ones if none."""
-    if name not in _ESTIMATORS:
-        raise ValueError(f"unknown advantage estimator {name!r}; registered: {estimator_names()}")
-    return _ESTIMATORS[name]
+    """The advantage estimator registered as `name` (ValueError naming the valid ones if none)."""
+    return _ESTIMATORS.get(name)
 
 
 def estimator_names() -> tuple[str, ...]:
     """Names of the registered advantage estimators, in registration order."""
-    return tuple(_ESTIMATORS)
+    return _ESTIMATORS.names()
 
 
 def _scaled(scale: AdvantageScale) -> Estimator:

@@ -31,6 +31,7 @@ import jax
 import jax.numpy as jnp
 
 from essa_jax.rl.advantage import AdvantageScale, _grouped, group_advantages
+from essa_jax.rl.registry import Registry
 
 # fn(rewards [B], group_size, cfg) -> weights [B].
 Weighting = Callable[[jax.Array, int, Any], jax.Array]
@@ -103,7 +104,7 @@ def focal_group_advantages(
 
 # ----------------------------------------------------------------------------- the registry
 
-_WEIGHTINGS: dict[str, Weighting] = {}
+_WEIGHTINGS = Registry("advantage weighting")
 
 
 def register_weighting(name: str, fn: Weighting | None = None, *, overwrite: bool = False):
@@ -113,30 +114,17 @@ def register_weighting(name: str, fn: Weighting | None = None, *, overwrite: boo
     returns `fn`. Then `GRPOConfig(weighting="hard_only")` selects it. Re-registering a name raises
     unless `overwrite=True`.
     """
-
-    def add(f: Weighting) -> Weighting:
-        if not isinstance(name, str) or not name:
-            raise ValueError(f"a weighting name must be a non-empty string, got {name!r}")
-        if not callable(f):
-            raise TypeError(f"weighting {name!r} must be callable, got {f!r}")
-        if name in _WEIGHTINGS and not overwrite:
-            raise ValueError(f"advantage weighting {name!r} is already registered")
-        _WEIGHTINGS[name] = f
-        return f
-
-    return add if fn is None else add(fn)
+    return _WEIGHTINGS.register(name, fn, overwrite=overwrite)
 
 
 def get_weighting(name: str) -> Weighting:
-    """The advantage weighting registered as `name`; ValueError naming the valid ones if none."""
-    if name not in _WEIGHTINGS:
-        raise ValueError(f"unknown advantage weighting {name!r}; registered: {weighting_names()}")
-    return _WEIGHTINGS[name]
+    """The advantage weighting registered as `name` (ValueError naming the valid ones if none)."""
+    return _WEIGHTINGS.get(name)
 
 
 def weighting_names() -> tuple[str, ...]:
     """Names of the registered advantage weightings, in registration order."""
-    return tuple(_WEIGHTINGS)
+    return _WEIGHTINGS.names()
 
 
 @register_weighting("none")
