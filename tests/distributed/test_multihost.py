@@ -176,8 +176,12 @@ def test_two_processes_score_their_own_rows_and_share_the_fitness(tmp_path):
         timeout=180,
     )
     assert rc == 0, out
+    # raw_decode: another process's stderr (gloo's connect message) may land on the same line.
+    decoder = json.JSONDecoder()
     results = [
-        json.loads(line.split("RESULT ", 1)[1]) for line in out.splitlines() if "RESULT " in line
+        decoder.raw_decode(line.split("RESULT ", 1)[1])[0]
+        for line in out.splitlines()
+        if "RESULT " in line
     ]
     assert sorted(r["process_id"] for r in results) == [0, 1]
     # Fitness of member m = mean over prompts q of (m * 10 + q): exact in float32.
@@ -226,10 +230,10 @@ def test_peer_killed_mid_run_survivor_aborts_within_heartbeat(tmp_path):
         "from essa_jax import distributed as D\n"
         "info = D.initialize(timeout_s=60, heartbeat_timeout_s=4)\n"
         "from jax.experimental.multihost_utils import process_allgather as gather\n"
-        "print('first', gather(np.ones(2)).tolist(), flush=True)\n"
+        "print('first', gather(np.ones(2), tiled=True).tolist(), flush=True)\n"
         "if info.process_id == 1: os.kill(os.getpid(), signal.SIGKILL)\n"
         "time.sleep(1)\n"
-        "print('second', gather(np.ones(2)).tolist(), flush=True)\n"
+        "print('second', gather(np.ones(2), tiled=True).tolist(), flush=True)\n"
     )
     procs = []
     try:
