@@ -6,7 +6,7 @@ SECTION ?= all
 CONFIG ?= experiments/configs/essa_smollm2_arith.py
 WORKDIR ?= runs/essa_smollm2_arith
 
-.PHONY: install test test-fast run bench lint format clean
+.PHONY: install test test-fast run bench plan lint format clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -28,6 +28,11 @@ test-fast: $(VENV)/.installed
 
 run: $(VENV)/.installed
 	$(BIN)/python -m essa_jax.main --config $(CONFIG) --workdir $(WORKDIR)
+
+# Ahead-of-time memory plan of a config: make plan CONFIG=... PLAN_ARGS="--devices 8 --device_memory_gb 80"
+PLAN_ARGS ?= --devices 8 --device_memory_gb 80
+plan: $(VENV)/.installed
+	$(BIN)/python -m essa_jax.plan --config $(CONFIG) $(PLAN_ARGS)
 
 bench: $(VENV)/.installed
 	$(BIN)/python -m benchmarks.run --section $(SECTION)

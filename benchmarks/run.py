@@ -11,7 +11,7 @@ import argparse
 import subprocess
 import sys
 
-SECTIONS = ("model", "population", "strategies", "grpo", "rewards", "scaling")
+SECTIONS = ("model", "population", "strategies", "grpo", "rewards", "scaling", "plan")
 
 
 def main() -> None:

@@ -100,6 +100,37 @@ def _backend_started() -> bool:
     return bool(xla_bridge.backends_are_initialized())
 
 
+# Signs of TPU hardware on this host: its device files, or the variables a Cloud TPU VM sets.
+_TPU_DEVICE_GLOBS = ("/dev/accel*", "/dev/vfio/[0-9]*")
+_TPU_ENV = ("TPU_ACCELERATOR_TYPE", "TPU_NAME", "TPU_WORKER_HOSTNAMES", "TPU_SKIP_MDS_QUERY")
+
+
+def skip_absent_tpu() -> str | None:
+    """Keep JAX off libtpu on a host without TPUs; returns the platforms set, or None if unchanged.
+
+    The `libtpu` wheel (the `tpu` and test extras: the ahead-of-time plan compiles for TPU targets
+    on any machine, docs/ARCHITECTURE.md "Planning memory") makes every JAX start-up probe for TPU
+    hardware, which on a CPU or GPU host prints a page of warnings before falling back. When
+    libtpu is installed, no TPU is visible and the user has not chosen (`JAX_PLATFORMS` unset),
+    the run's platforms become "cuda,cpu" (a CUDA plugin installed) or "cpu". TPU topologies for
+    ahead-of-time compilation (`jax.experimental.topologies`) work either way. Call before the
+    first JAX computation.
+    """
+    import glob
+    import importlib.util
+
+    if os.environ.get("JAX_PLATFORMS") or importlib.util.find_spec("libtpu") is None:
+        return None
+    if any(os.environ.get(v) for v in _TPU_ENV) or any(glob.glob(g) for g in _TPU_DEVICE_GLOBS):
+        return None
+    cuda = any(importlib.util.find_spec(f"jax_cuda{v}_plugin") is not None for v in ("12", "13"))
+    platforms = "cuda,cpu" if cuda else "cpu"
+    import jax
+
+    jax.config.update("jax_platforms", platforms)
+    return platforms
+
+
 def resolve_settings(
     coordinator_address: str | None = None,
     num_processes: int | None = None,

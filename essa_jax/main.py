@@ -97,6 +97,7 @@ def main(argv: list[str]) -> int:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     # Before validate_config: jax.device_count() there creates the backend, after which this
     # process could no longer join a multi-process run.
+    distributed.skip_absent_tpu()
     distributed.initialize_from_flags()
     from absl import logging
 

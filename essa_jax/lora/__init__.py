@@ -31,6 +31,7 @@ from essa_jax.lora.svd import (
     num_free_values,
     population_svd_lora,
     sft_genome,
+    basis_shape,
     svd_factorize,
     svd_lora_to_lora,
 )
@@ -64,6 +65,7 @@ __all__ = [
     "plain_to_lora",
     "population_svd_lora",
     "sft_genome",
+    "basis_shape",
     "svd_factorize",
     "svd_lora_to_lora",
     "svd_policy",

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import Any
 
 import flax.struct
 import jax
@@ -274,6 +275,38 @@ def svd_factorize(lora: dict[str, LoRA], alpha_frac: float = 1.0) -> tuple[SVDBa
         num_layers=num_layers,
         rank=rank,
         num_free=num_free_values(rank, alpha_frac),
+    )
+    return SVDBasis(factors=factors), layout
+
+
+def basis_shape(lora: dict[str, Any], alpha_frac: float = 1.0) -> tuple[SVDBasis, GenomeLayout]:
+    """`svd_factorize`'s (basis, layout) as shapes only: `jax.ShapeDtypeStruct` leaves, nothing
+    computed (adapters given as arrays or shapes). For ahead-of-time compilation (`essa_jax.plan`).
+    """
+    factors = {}
+    for t, ad in lora.items():
+        num_layers, rank, fan_in = ad.a.shape
+        fan_out = ad.b.shape[1]
+
+        def sds(*shape, dtype=ad.a.dtype):
+            return jax.ShapeDtypeStruct(shape, dtype)
+
+        factors[t] = SVDFactors(
+            u_a=sds(num_layers, rank, rank),
+            s_a=sds(num_layers, rank),
+            v_a=sds(num_layers, fan_in, rank),
+            u_b=sds(num_layers, fan_out, rank),
+            s_b=sds(num_layers, rank),
+            v_b=sds(num_layers, rank, rank),
+            m=sds(num_layers, rank, rank),
+            scale=ad.scale,
+        )
+    first = next(iter(lora.values()))
+    layout = GenomeLayout(
+        targets=canonical_targets(lora),
+        num_layers=first.a.shape[0],
+        rank=first.a.shape[1],
+        num_free=num_free_values(first.a.shape[1], alpha_frac),
     )
     return SVDBasis(factors=factors), layout
 

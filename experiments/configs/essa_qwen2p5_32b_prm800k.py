@@ -17,6 +17,7 @@ def get_config():
     c = base_config()
     c.method = "essa"
     c.model.path = UNSET  # /path/to/Qwen2.5-32B
+    c.model.name = "Qwen2.5-32B"  # its shape, for the plan (essa_jax.plan)
     c.model.dtype = "bfloat16"
     c.task.name = "prm800k"
     c.task.path = UNSET  # /path/to/prm800k problems (MATH-style: problem, answer / solution)

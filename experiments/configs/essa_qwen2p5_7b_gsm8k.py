@@ -20,6 +20,7 @@ def get_config():
     c = base_config()
     c.method = "essa"
     c.model.path = UNSET  # /path/to/Qwen2.5-Math-7B (HF dir with config.json + safetensors)
+    c.model.name = "Qwen2.5-Math-7B"  # its shape, for the plan (essa_jax.plan)
     c.model.dtype = "bfloat16"
     c.task.name = "gsm8k"
     c.task.path = UNSET  # /path/to/gsm8k train file (jsonl / parquet / save_to_disk folder)

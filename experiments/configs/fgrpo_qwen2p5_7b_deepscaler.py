@@ -19,6 +19,7 @@ def get_config():
     c = base_config()
     c.method = "fgrpo"
     c.model.path = UNSET  # /path/to/Qwen2.5-7B
+    c.model.name = "Qwen2.5-7B"  # its shape, for the plan (essa_jax.plan)
     c.model.dtype = "bfloat16"
     c.task.name = "deepscaler"
     c.task.path = UNSET  # /path/to/DeepScaleR-Preview-Dataset (problem, answer, solution)

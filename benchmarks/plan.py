@@ -1,0 +1,81 @@
+"""`make bench SECTION=plan`: the ahead-of-time memory plan of the paper configs.
+
+Each (config, target) runs `python -m essa_jax.plan` in its own process (the number of virtual
+devices is fixed per process) and its rows are collected into `experiments/results/plan.json`: one
+row per config x program with the per-device bytes XLA assigns, the device memory, whether it fits
+with 10% headroom, the chunk sizes and FLOPs. Compiling 7B / 32B shapes on a CPU takes tens of
+seconds per program, which is why this is a benchmark and not a test.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+from benchmarks.common import print_table, write_results
+
+CONFIGS = "experiments/configs"
+# (config file, plan arguments, what the row shows)
+CASES = (
+    ("essa_qwen2p5_7b_gsm8k", ["--devices", "8", "--device_memory_gb", "80"], "paper: 8 x H100"),
+    (
+        "fgrpo_qwen2p5_7b_deepscaler",
+        ["--devices", "8", "--device_memory_gb", "80"],
+        "paper: 8 x H100",
+    ),
+    (
+        "essa_qwen2p5_32b_prm800k",
+        ["--devices", "16", "--device_memory_gb", "80"],
+        "paper: 16 x H100 (needs the model axis, part 2)",
+    ),
+    ("essa_smollm2_arith", ["--devices", "1", "--device_memory_gb", "16"], "the default run"),
+    ("essa_smollm2_arith", ["--target", "tpu:v5e:2x2"], "TPU compiler, exact bytes"),
+)
+
+
+def run_case(config: str, args: list[str]) -> tuple[list[dict], int, float, str]:
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "plan.json")
+        cmd = [sys.executable, "-m", "essa_jax.plan", "--config", f"{CONFIGS}/{config}.py"]
+        t0 = time.perf_counter()
+        proc = subprocess.run(
+            [*cmd, *args, "--json", out], capture_output=True, text=True, check=False
+        )
+        wall = time.perf_counter() - t0
+        print(proc.stdout, end="")
+        print(proc.stderr, end="", file=sys.stderr)
+        rows = json.load(open(out)) if os.path.exists(out) else []
+        return rows, proc.returncode, wall, proc.stderr.strip().splitlines()[-1:] or [""]
+
+
+def main() -> None:
+    rows, table = [], []
+    for config, args, why in CASES:
+        plans, rc, wall, last = run_case(config, args)
+        if rc not in (0, 1):
+            raise SystemExit(f"plan of {config} {' '.join(args)} failed (rc {rc}): {last[0]}")
+        for p in plans:
+            p["case"] = why
+            rows.append(p)
+            table.append(
+                {
+                    "config": config,
+                    "target": p["target"].split(" (")[0],
+                    "program": p["program"],
+                    "GB/device": round(p["per_device_bytes"] / 1e9, 2),
+                    "of GB": round(p["device_memory_bytes"] / 1e9, 1),
+                    "fits": "yes" if p["fits"] else "NO",
+                    "chunks": ", ".join(f"{k}={v}" for k, v in p["chunks"].items()),
+                }
+            )
+        print(f"  ({config}: {wall:.0f} s)")
+    print_table(table, "ahead-of-time plan (per-device bytes from XLA's buffer assignment)")
+    write_results("plan", {"headroom": 0.10, "rows": rows})
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,636 @@
+"""Ahead-of-time memory plan: does every program of a run fit the target's devices?
+
+    python -m essa_jax.plan --config experiments/configs/essa_qwen2p5_7b_gsm8k.py \
+        --devices 8 --device_memory_gb 80 [--json plan.json]
+    python -m essa_jax.plan --config ... --target tpu:v5e:4x4
+
+Builds every compiled program that a run of the config uses (docs/ARCHITECTURE.md, "Planning
+memory") from abstract inputs (`jax.ShapeDtypeStruct`: no weights, no data, nothing allocated),
+compiles it for the target and reads XLA's own accounting: per-device argument / temporary / output
+bytes (`compiled.memory_analysis()`) and FLOPs (`compiled.cost_analysis()`). This is how MaxText's
+`train_compile` checks a configuration against a topology the machine does not have.
+
+Programs (those the config's method runs):
+  - `sft_step`: one LoRA SFT step (ESSA step 1, and the SFT before GRPO when `sft.steps` > 0);
+  - `essa_population`: one generation's population program (P x B rows over the (pop, data, model)
+    mesh, each shard in chunks of `essa.rows_per_chunk` rows);
+  - `grpo_rollout`, `grpo_score` (only when old / reference log-probs are needed), `grpo_update`;
+  - `heldout_eval`: one held-out generation batch (`eval.batch_size` prompts).
+
+Targets:
+  - `--devices N --device_memory_gb G`: the machine's own devices when it has N of them (e.g. a GPU
+    node), else N virtual CPU devices. XLA's CPU compiler assigns buffers close to, not exactly as,
+    the GPU compiler does: the output says which compiler produced the figures.
+  - `--target tpu:<type>:<topology>` (e.g. `tpu:v5e:2x2`, `tpu:v5p:2x2x1`, `tpu:v6e:4x4`): abstract
+    TPU devices from `libtpu` (`pip install essa_jax[tpu]`), compiled by XLA's TPU compiler: exact
+    per-device bytes, on any machine.
+
+The model's shape comes from `model.path`'s config.json (or GGUF header) when that exists, else from
+`model.name` (`essa_jax.models.shapes`). A program fits when its per-device bytes leave `--headroom`
+(default 10%) of the device's memory free (runtime, fragmentation, collective buffers). The command
+exits 1 when one does not, naming the program and the settings that would make it fit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+# Device memory of a TPU chip by type (public specifications), for --target tpu:...
+TPU_MEMORY_GB = {"v4": 32, "v5e": 16, "v5litepod": 16, "v5p": 95, "v6e": 32}
+DEFAULT_HEADROOM = 0.10
+GB = 1e9
+
+
+class PlanError(ValueError):
+    """The plan cannot be made (bad target, unknown model shape, invalid config)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+    """Where the programs are compiled for.
+
+    name: e.g. "8 x 80 GB (virtual CPU devices)" or "tpu:v5e:2x2"; devices: the devices programs
+    are laid out on (real, virtual CPU or abstract TPU); device_memory_bytes: per device;
+    compiler: the XLA backend that assigned the buffers ("cpu", "gpu", "tpu").
+    """
+
+    name: str
+    devices: tuple[Any, ...]
+    device_memory_bytes: int
+    compiler: str
+
+    @property
+    def num_devices(self) -> int:
+        return len(self.devices)
+
+
+def _tpu_target(spec: str) -> Target:
+    from jax.experimental import topologies
+
+    parts = spec.split(":")
+    if len(parts) != 3 or parts[0] != "tpu":
+        raise PlanError(f"--target {spec!r}: expected tpu:<type>:<topology>, e.g. tpu:v5e:4x4")
+    _, kind, topology = parts
+    if kind not in TPU_MEMORY_GB:
+        raise PlanError(
+            f"--target {spec!r}: unknown TPU type {kind!r}; known: {list(TPU_MEMORY_GB)}"
+        )
+    # Compiling for a topology needs no TPU, so no exclusive hold on one: without this, libtpu
+    # refuses while any other process on the machine has it loaded.
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+    try:
+        topo = topologies.get_topology_desc(platform="tpu", topology_name=f"{kind}:{topology}")
+    except Exception as e:  # libtpu missing, or a topology libtpu does not know
+        hint = "" if _has_libtpu() else " (libtpu is not installed: pip install 'essa_jax[tpu]')"
+        raise PlanError(f"--target {spec!r}: no TPU topology{hint}: {e}") from None
+    return Target(
+        name=spec,
+        devices=tuple(topo.devices),
+        device_memory_bytes=int(TPU_MEMORY_GB[kind] * 1e9),
+        compiler="tpu",
+    )
+
+
+def _has_libtpu() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("libtpu") is not None
+
+
+def make_target(target: str | None, devices: int, device_memory_gb: float | None) -> Target:
+    """The `Target` of the command line: a TPU topology, or N devices of G GB.
+
+    With N devices: the default backend's own devices when there are at least N of them and they
+    are not CPUs (real GPUs / TPUs), else N virtual CPU devices (`jax_num_cpu_devices`, which must
+    be set before the first JAX computation: call this first).
+    """
+    if target:
+        if not target.startswith("tpu:"):
+            raise PlanError(f"--target {target!r}: expected tpu:<type>:<topology>")
+        return _tpu_target(target)
+    if not isinstance(devices, int) or devices < 1:
+        raise PlanError(f"--devices {devices!r}: expected an integer >= 1")
+    if device_memory_gb is None or device_memory_gb <= 0:
+        raise PlanError("--device_memory_gb: expected the memory of one device in GB (> 0)")
+    import jax
+
+    try:
+        jax.config.update("jax_num_cpu_devices", max(devices, 1))
+    except RuntimeError:
+        pass  # backend already started (in tests): use the CPU devices it has
+    real = jax.devices()
+    if real[0].platform != "cpu" and len(real) >= devices:
+        devs, compiler = real[:devices], real[0].platform
+        name = f"{devices} x {device_memory_gb:g} GB ({real[0].device_kind})"
+    else:
+        cpus = jax.devices("cpu")
+        if len(cpus) < devices:
+            raise PlanError(
+                f"--devices {devices}: this process has {len(cpus)} CPU devices; run the plan in a "
+                "fresh process (python -m essa_jax.plan) so that it can create the virtual devices"
+            )
+        devs, compiler = cpus[:devices], "cpu"
+        name = f"{devices} x {device_memory_gb:g} GB (virtual CPU devices; CPU compiler)"
+    return Target(name, tuple(devs), int(device_memory_gb * 1e9), compiler)
+
+
+@dataclasses.dataclass
+class ProgramPlan:
+    """One compiled program's per-device footprint on the target (bytes; FLOPs per call).
+
+    per_device_bytes = arguments + outputs + temporaries - aliased (donated) bytes, as XLA's buffer
+    assignment counts them; fits: per_device_bytes <= (1 - headroom) * device_memory_bytes.
+    chunks: the micro-batch sizes the program runs with (chosen from the budget when the config
+    says 0). flops: XLA's cost analysis of one call (a loop's body is counted once per loop, not
+    per trip: decode FLOPs are those of one step, prefill's in full).
+    """
+
+    config: str
+    program: str
+    target: str
+    compiler: str
+    devices: int
+    mesh: dict[str, int]
+    argument_bytes: int
+    output_bytes: int
+    temp_bytes: int
+    alias_bytes: int
+    per_device_bytes: int
+    device_memory_bytes: int
+    headroom: float
+    fits: bool
+    chunks: dict[str, int]
+    flops: float
+    compile_s: float
+    fix: str = ""
+
+    def row(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass
+class _Program:
+    name: str
+    lower: Callable[[], Any]  # -> jax.stages.Lowered
+    mesh: dict[str, int]
+    chunks: dict[str, int]
+    fix: str  # the settings that shrink this program, for the "does not fit" message
+
+
+# -- model shape and abstract inputs --------------------------------------------------------------
+
+
+def plan_model_config(config) -> tuple[Any, str]:
+    """(ModelConfig, where its shape came from): model.path's config.json / GGUF header when it
+    exists, else the built-in shape of model.name."""
+    from essa_jax.config import UNSET, peek_model_config
+
+    path = config.model.path
+    if path and UNSET not in path:
+        try:
+            mc = peek_model_config(path)
+        except (FileNotFoundError, OSError, ValueError):
+            mc = None
+        if mc is not None:
+            return mc, f"model.path={path}"
+    if config.model.name:
+        from essa_jax.models.shapes import model_shape
+
+        try:
+            return model_shape(config.model.name), f"model.name={config.model.name}"
+        except ValueError as e:
+            raise PlanError(f"config.model.name: {e}") from None
+    raise PlanError(
+        f"no model shape: config.model.path={path!r} has no readable config.json and "
+        "config.model.name is empty; set --config.model.name=<e.g. Qwen2.5-7B> "
+        "(known shapes: essa_jax.models.shapes.MODEL_SHAPES)"
+    )
+
+
+def _abstract(tree: Any, sharding: Any) -> Any:
+    import jax
+
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding), tree)
+
+
+def _replicated(devices: Sequence[Any]) -> Any:
+    import jax
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    mesh = jax.sharding.Mesh(np.asarray(devices, dtype=object), ("d",))
+    return NamedSharding(mesh, PartitionSpec())
+
+
+# -- the programs of a run ----------------------------------------------------------------------
+
+
+def _programs(config, mc, target: Target) -> list[_Program]:
+    import jax
+    import jax.numpy as jnp
+
+    from essa_jax import lora as lora_lib
+    from essa_jax.models import init_params
+    from essa_jax.models.generate import generate_jit
+    from essa_jax.train.pipeline import DTYPES
+
+    dtype = DTYPES[config.model.dtype]
+    one = _replicated(target.devices[:1])
+    params_shape = jax.eval_shape(lambda k: init_params(k, mc, dtype), jax.random.key(0))
+    lora_config = lora_lib.LoraConfig(
+        rank=config.lora.rank, alpha=float(config.lora.alpha), targets=tuple(config.lora.targets)
+    )
+    # LoRA weights are float32 masters whatever the model's dtype (cast at use).
+    lora_shape = jax.eval_shape(
+        lambda k: lora_lib.init_lora(k, mc, lora_config, jnp.float32), jax.random.key(0)
+    )
+    tp = int(config.task.max_prompt_tokens)
+    new = int(config.generation.max_new_tokens)
+    eos = tuple(mc.eos_token_ids) or (0,)
+    key_data = jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=one)
+    programs: list[_Program] = []
+    single = {"devices": 1}
+
+    def tokens(shape, sharding=one):
+        return jax.ShapeDtypeStruct(shape, jnp.int32, sharding=sharding)
+
+    # SFT: prompt + reference answer, at most max_prompt_tokens + max_new_tokens long.
+    if config.method == "sft" or config.sft.steps > 0:
+        programs.append(_sft_program(config, mc, params_shape, lora_shape, one, tp + new))
+
+    if config.method == "essa":
+        programs.append(_essa_program(config, mc, params_shape, lora_shape, target, tp, new, eos))
+    elif config.method in ("grpo", "fgrpo", "svdgrpo"):
+        programs += _grpo_programs(config, mc, params_shape, lora_shape, one, tp, new, eos)
+
+    # Held-out evaluation: one batch of eval.batch_size prompts, greedy (pass@k sampling runs the
+    # same shapes with sampling on).
+    bs = min(int(config.eval.batch_size), int(config.task.num_heldout))
+    params = _abstract(params_shape, one)
+    lora = _abstract(lora_shape, one)
+
+    def lower_eval():
+        return generate_jit.lower(
+            params,
+            mc,
+            tokens((bs, tp)),
+            tokens((bs, tp)),
+            key_data,
+            max_new_tokens=new,
+            greedy=True,
+            lora=lora,
+            eos_token_ids=eos,
+            pad_token_id=mc.effective_pad_id,
+        )
+
+    programs.append(
+        _Program(
+            "heldout_eval",
+            lower_eval,
+            single,
+            {"eval.batch_size": bs},
+            f"a smaller eval.batch_size (now {bs})",
+        )
+    )
+    return programs
+
+
+def _sft_program(config, mc, params_shape, lora_shape, one, seq_len) -> _Program:
+    import jax
+
+    from essa_jax.train.sft import make_optimizer, sft_step
+
+    optimizer = make_optimizer(
+        float(config.sft.learning_rate),
+        float(config.sft.weight_decay),
+        float(config.sft.max_grad_norm),
+    )
+    opt_shape = jax.eval_shape(optimizer.init, lora_shape)
+    b = int(config.sft.batch_size)
+
+    def lower():
+        tok = jax.ShapeDtypeStruct((b, seq_len), np.int32, sharding=one)
+        return sft_step.lower(
+            _abstract(lora_shape, one),
+            _abstract(opt_shape, one),
+            _abstract(params_shape, one),
+            mc,
+            optimizer,
+            tok,
+            tok,
+            tok,
+        )
+
+    return _Program(
+        "sft_step",
+        lower,
+        {"devices": 1},
+        {"sft.batch_size": b, "sequence": seq_len},
+        "model.remat=True, a smaller sft.batch_size",
+    )
+
+
+def _essa_program(config, mc, params_shape, lora_shape, target, tp, new, eos) -> _Program:
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    from essa_jax import lora as lora_lib
+    from essa_jax.mesh import make_mesh
+    from essa_jax.population.engine import _population_generate
+
+    c = config
+    mesh = make_mesh(data=c.mesh.data, model=c.mesh.model, devices=target.devices)
+    replicated = NamedSharding(mesh, PartitionSpec())
+    alpha = float(c.essa.alpha)
+    basis_shape, layout = lora_lib.basis_shape(lora_shape, alpha)
+    p, b = int(c.essa.population_size), int(c.essa.prompts_per_candidate)
+    shape = (p, b, tp) if c.essa.prompt_sampling == "per_candidate" else (b, tp)
+    sizes = dict(zip(mesh.axis_names, mesh.devices.shape, strict=True))
+
+    def lower():
+        tok = jax.ShapeDtypeStruct(shape, jnp.int32, sharding=replicated)
+        return _population_generate.lower(
+            _abstract(params_shape, replicated),
+            _abstract(basis_shape, replicated),
+            jax.ShapeDtypeStruct((p, layout.size), jnp.float32, sharding=replicated),
+            tok,
+            tok,
+            jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=replicated),
+            config=mc,
+            layout=layout,
+            mesh=mesh,
+            keep_padding=True,
+            max_new_tokens=new,
+            greedy=bool(c.essa.greedy),
+            temperature=float(c.essa.temperature),
+            top_k=0,
+            top_p=1.0,
+            eos_token_ids=eos,
+        )
+
+    rows = math.ceil(p / sizes["pop"]) * math.ceil(b / sizes["data"])
+    return _Program(
+        "essa_population",
+        lower,
+        sizes,
+        {"rows_per_device": rows},
+        "a smaller essa.rows_per_chunk, more devices (--devices), or fewer "
+        "essa.prompts_per_candidate",
+    )
+
+
+def _grpo_programs(config, mc, params_shape, lora_shape, one, tp, new, eos) -> list[_Program]:
+    import jax
+    import jax.numpy as jnp
+
+    from essa_jax import lora as lora_lib
+    from essa_jax.config import grpo_config
+    from essa_jax.rl.trainer import FrozenPolicy, GRPOTrainer, RolloutBatch
+
+    c = config
+    cfg = grpo_config(c)
+    if c.method == "svdgrpo":
+        basis, layout = lora_lib.basis_shape(lora_shape, float(c.essa.alpha))
+        to_lora = lora_lib.genome_to_lora(layout)
+        frozen = _abstract(basis, one)
+        trainable = jax.ShapeDtypeStruct((layout.size,), jnp.float32, sharding=one)
+    else:
+        to_lora, frozen, trainable = lora_lib.plain_to_lora, None, _abstract(lora_shape, one)
+    trainer = GRPOTrainer(
+        mc, cfg, to_lora=to_lora, reward_fn=lambda *a, **k: [], decode=str, eos_token_ids=eos
+    )
+    policy = FrozenPolicy(base=_abstract(params_shape, one), adapter=frozen)
+    opt_state = _abstract(jax.eval_shape(trainer.optimizer.init, trainable), one)
+    num_prompts = cfg_batch = int(c.grpo.batch_size) // int(c.grpo.group_size)
+    del cfg_batch
+    rows, seq = int(c.grpo.batch_size), tp + new
+    mb = rows // int(c.grpo.num_minibatches)
+
+    def arr(shape, dtype=jnp.int32):
+        return jax.ShapeDtypeStruct(shape, dtype, sharding=one)
+
+    def lower_rollout():
+        return trainer.rollout.lower(
+            policy, trainable, arr((num_prompts, tp)), arr((num_prompts, tp)), arr((2,), jnp.uint32)
+        )
+
+    multi_update = cfg.epochs * cfg.num_minibatches > 1
+    need_old = multi_update and not cfg.use_generation_logprobs
+    need_ref = cfg.beta > 0
+    has_old = need_old or cfg.use_generation_logprobs
+
+    def lower_update():
+        batch = RolloutBatch(
+            tokens=arr((mb, seq)),
+            attention_mask=arr((mb, seq)),
+            completion_mask=arr((mb, new), jnp.float32),
+            advantages=arr((mb,), jnp.float32),
+            old_logp=arr((mb, new), jnp.float32) if has_old else None,
+            ref_logp=arr((mb, new), jnp.float32) if need_ref else None,
+        )
+        return trainer.update_step.lower(policy, trainable, opt_state, batch)
+
+    programs = [
+        _Program(
+            "grpo_rollout",
+            lower_rollout,
+            {"devices": 1},
+            {"rollout_rows": rows},
+            "a smaller grpo.rows_per_chunk, or a smaller grpo.batch_size",
+        )
+    ]
+    if need_old or need_ref:
+
+        def lower_score():
+            return trainer.score.lower(
+                policy,
+                trainable,
+                arr((rows, seq)),
+                arr((rows, seq)),
+                with_policy=need_old,
+                with_ref=need_ref,
+            )
+
+        programs.append(
+            _Program(
+                "grpo_score",
+                lower_score,
+                {"devices": 1},
+                {"score_rows": rows},
+                "model.remat=True, a smaller grpo.batch_size",
+            )
+        )
+    programs.append(
+        _Program(
+            "grpo_update",
+            lower_update,
+            {"devices": 1},
+            {"minibatch_rows": mb, "sequence": seq},
+            "model.remat=True, a smaller grpo.micro_batch_size, or more grpo.num_minibatches",
+        )
+    )
+    return programs
+
+
+# -- compile and account ------------------------------------------------------------------------
+
+
+def plan_config(
+    config,
+    target: Target,
+    *,
+    name: str = "",
+    headroom: float = DEFAULT_HEADROOM,
+    programs: Sequence[str] | None = None,
+    log: Callable[[str], None] | None = None,
+) -> list[ProgramPlan]:
+    """Compile every program of `config`'s run for `target`; one `ProgramPlan` per program.
+
+    `programs` restricts the plan to these names. Raises PlanError when the config is invalid for
+    the target (e.g. a mesh that does not divide its devices).
+    """
+    from essa_jax.config import ConfigError, validate_config
+
+    mc, _ = plan_model_config(config)
+    try:
+        validate_config(config, target.num_devices, model_config=mc)
+    except ConfigError as e:
+        raise PlanError(str(e)) from None
+    out = []
+    for prog in _programs(config, mc, target):
+        if programs is not None and prog.name not in programs:
+            continue
+        t0 = time.perf_counter()
+        compiled = prog.lower().compile()
+        dt = time.perf_counter() - t0
+        m = compiled.memory_analysis()
+        cost = compiled.cost_analysis()
+        cost = cost[0] if isinstance(cost, list | tuple) else cost
+        arg, outb = int(m.argument_size_in_bytes), int(m.output_size_in_bytes)
+        tmp, alias = int(m.temp_size_in_bytes), int(m.alias_size_in_bytes)
+        total = arg + outb + tmp - alias
+        plan = ProgramPlan(
+            config=name,
+            program=prog.name,
+            target=target.name,
+            compiler=target.compiler,
+            devices=target.num_devices,
+            mesh=prog.mesh,
+            argument_bytes=arg,
+            output_bytes=outb,
+            temp_bytes=tmp,
+            alias_bytes=alias,
+            per_device_bytes=total,
+            device_memory_bytes=target.device_memory_bytes,
+            headroom=headroom,
+            fits=total <= (1.0 - headroom) * target.device_memory_bytes,
+            chunks=prog.chunks,
+            flops=float((cost or {}).get("flops", 0.0)),
+            compile_s=round(dt, 2),
+            fix="" if total <= (1.0 - headroom) * target.device_memory_bytes else prog.fix,
+        )
+        if log is not None:
+            log(format_row(plan))
+        out.append(plan)
+    return out
+
+
+def format_header() -> str:
+    return (
+        f"{'program':<16} {'mesh':<22} {'args GB':>9} {'temp GB':>9} {'out GB':>8} "
+        f"{'total GB':>10} {'of GB':>7} {'fits':>5} {'TFLOP':>8}  chunks"
+    )
+
+
+def format_row(p: ProgramPlan) -> str:
+    mesh = "x".join(f"{k}{v}" for k, v in p.mesh.items())
+    chunks = ", ".join(f"{k}={v}" for k, v in p.chunks.items())
+    return (
+        f"{p.program:<16} {mesh:<22} {p.argument_bytes / GB:>9.2f} {p.temp_bytes / GB:>9.2f} "
+        f"{p.output_bytes / GB:>8.2f} {p.per_device_bytes / GB:>10.2f} "
+        f"{p.device_memory_bytes / GB:>7.1f} {'yes' if p.fits else 'NO':>5} "
+        f"{p.flops / 1e12:>8.2f}  {chunks}"
+    )
+
+
+def failure_message(p: ProgramPlan) -> str:
+    """One line: which program does not fit, by how much, and what would make it fit."""
+    budget = (1.0 - p.headroom) * p.device_memory_bytes
+    return (
+        f"{p.program} does not fit: {p.per_device_bytes / GB:.1f} GB per device > "
+        f"{budget / GB:.1f} GB ({1 - p.headroom:.0%} of {p.device_memory_bytes / GB:.1f} GB) "
+        f"on {p.target}; try {p.fix}"
+    )
+
+
+# -- command line -------------------------------------------------------------------------------
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`python -m essa_jax.plan`: print the plan; exit 1 if a program does not fit, 2 on bad
+    input."""
+    from absl import flags
+    from ml_collections import config_flags
+
+    argv = list(sys.argv if argv is None else argv)
+    fv = flags.FlagValues()
+    holder = config_flags.DEFINE_config_file(
+        "config", None, "Experiment config file.", flag_values=fv, lock_config=True, sys_argv=argv
+    )
+    flags.DEFINE_integer("devices", 8, "Devices of the target (without --target).", flag_values=fv)
+    flags.DEFINE_float("device_memory_gb", 80.0, "Memory of one device, GB.", flag_values=fv)
+    flags.DEFINE_string("target", "", "A TPU topology, e.g. tpu:v5e:4x4.", flag_values=fv)
+    flags.DEFINE_string("json", "", "Write the rows to this JSON file.", flag_values=fv)
+    flags.DEFINE_float(
+        "headroom", DEFAULT_HEADROOM, "Fraction of memory kept free.", flag_values=fv
+    )
+    flags.DEFINE_list("programs", None, "Only these programs (default: all).", flag_values=fv)
+    try:
+        fv(argv)
+    except flags.Error as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    from essa_jax import distributed
+
+    distributed.skip_absent_tpu()
+    if holder.value is None:
+        print("error: --config is required", file=sys.stderr)
+        return 2
+    try:
+        target = make_target(fv.target or None, fv.devices, fv.device_memory_gb)
+        name = os.path.splitext(os.path.basename(fv["config"].config_filename or "config"))[0]
+        mc, source = plan_model_config(holder.value)
+        print(f"plan: {name} ({holder.value.method}) on {target.name}; model {source}")
+        print(format_header())
+        plans = plan_config(
+            holder.value,
+            target,
+            name=name,
+            headroom=fv.headroom,
+            programs=fv.programs,
+            log=lambda s: print(s, flush=True),
+        )
+    except PlanError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if fv.json:
+        os.makedirs(os.path.dirname(os.path.abspath(fv.json)), exist_ok=True)
+        with open(fv.json, "w") as f:
+            json.dump([p.row() for p in plans], f, indent=1)
+    failed = [p for p in plans if not p.fits]
+    for p in failed:
+        print(f"error: {failure_message(p)}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

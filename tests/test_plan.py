@@ -1,0 +1,152 @@
+"""The ahead-of-time memory plan (essa_jax.plan) on tiny configs: every program, real byte counts,
+a clear failure when the budget is too small, and XLA's TPU compiler through libtpu."""
+
+import dataclasses
+import os
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+from essa_jax import plan as plan_lib
+from essa_jax.config import UNSET, base_config
+from essa_jax.models import init_params, tiny_model_config
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY_ESSA = os.path.join(ROOT, "tests", "distributed", "tiny_essa_config.py")
+
+
+def tiny_config(method: str = "essa"):
+    c = base_config()
+    c.method = method
+    c.model.path = "random:tiny"
+    c.task.num_train = 64
+    c.task.num_heldout = 8
+    c.task.max_prompt_tokens = 24
+    c.lora.rank = 2
+    c.lora.alpha = 4.0
+    c.sft.steps = 2
+    c.sft.batch_size = 4
+    c.essa.population_size = 6  # not a multiple of the 4-device pop axis: padded
+    c.essa.prompts_per_candidate = 3
+    c.generation.max_new_tokens = 4
+    c.eval.batch_size = 8
+    c.grpo.batch_size = 8
+    c.grpo.group_size = 4
+    c.grpo.focal_gamma = 0.5 if method == "fgrpo" else 0.0
+    return c
+
+
+def param_bytes(config, dtype=np.float32) -> int:
+    shapes = jax.eval_shape(lambda k: init_params(k, config, dtype), jax.random.key(0))
+    return sum(int(np.prod(x.shape)) * np.dtype(x.dtype).itemsize for x in jax.tree.leaves(shapes))
+
+
+def test_essa_plan_reports_every_program_with_real_bytes():
+    target = plan_lib.make_target(None, 4, 1.0)
+    plans = plan_lib.plan_config(tiny_config("essa"), target, name="tiny")
+    assert [p.program for p in plans] == ["sft_step", "essa_population", "heldout_eval"]
+    by = {p.program: p for p in plans}
+    weights = param_bytes(tiny_model_config("tiny"))
+    for p in plans:
+        assert p.fits and p.devices == 4 and p.device_memory_bytes == 1_000_000_000
+        assert (
+            p.per_device_bytes == p.argument_bytes + p.output_bytes + p.temp_bytes - p.alias_bytes
+        )
+        # Every program takes the whole base model as an argument on each device.
+        assert p.argument_bytes >= weights
+        assert p.flops > 0
+    pop = by["essa_population"]
+    assert pop.mesh == {"pop": 4, "data": 1, "model": 1}
+    assert pop.chunks["rows_per_device"] == 2 * 3  # ceil(6 / 4) members x 3 prompts
+    # The held-out program's arguments: weights + LoRA (float32) + tokens, nothing else large.
+    ev = by["heldout_eval"]
+    assert ev.argument_bytes < weights * 1.5
+
+
+def test_grpo_plan_has_rollout_and_update():
+    target = plan_lib.make_target(None, 2, 1.0)
+    plans = plan_lib.plan_config(tiny_config("fgrpo"), target)
+    assert [p.program for p in plans] == ["sft_step", "grpo_rollout", "grpo_update", "heldout_eval"]
+    c = tiny_config("fgrpo")
+    c.grpo.beta = 0.04  # a KL term needs the reference log-probs: one more program
+    names = [p.program for p in plan_lib.plan_config(c, target)]
+    assert names == ["sft_step", "grpo_rollout", "grpo_score", "grpo_update", "heldout_eval"]
+
+
+def test_model_shape_from_name_when_the_checkpoint_is_absent():
+    c = tiny_config()
+    c.model.path = UNSET
+    with pytest.raises(plan_lib.PlanError, match="model.name"):
+        plan_lib.plan_model_config(c)
+    c.model.name = "Qwen2.5-7B-Instruct"
+    mc, source = plan_lib.plan_model_config(c)
+    assert (mc.hidden_size, mc.num_layers, mc.num_kv_heads, mc.vocab_size) == (3584, 28, 4, 152064)
+    assert abs(mc.num_params() - 7.62e9) < 0.01e9 and source == "model.name=Qwen2.5-7B-Instruct"
+    c.model.name = "Qwen9-1T"
+    with pytest.raises(plan_lib.PlanError, match="known"):
+        plan_lib.plan_model_config(c)
+
+
+def test_invalid_mesh_for_the_target_is_a_plan_error():
+    c = tiny_config()
+    c.mesh.data = 3
+    with pytest.raises(plan_lib.PlanError, match="mesh.data"):
+        plan_lib.plan_config(c, plan_lib.make_target(None, 4, 1.0))
+
+
+def test_too_small_budget_fails_with_one_line_naming_program_and_fix():
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    env.pop("XLA_FLAGS", None)
+    cmd = [sys.executable, "-m", "essa_jax.plan", "--config", TINY_ESSA, "--devices", "4"]
+    ok = subprocess.run(
+        [*cmd, "--device_memory_gb", "1", "--programs", "essa_population"],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert ok.returncode == 0, ok.stderr
+    assert "essa_population" in ok.stdout and "pop4xdata1xmodel1" in ok.stdout
+    bad = subprocess.run(
+        [*cmd, "--device_memory_gb", "0.00001", "--programs", "essa_population"],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert bad.returncode == 1
+    errors = [line for line in bad.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "Traceback" not in bad.stderr
+    assert "essa_population does not fit" in errors[0] and "essa.rows_per_chunk" in errors[0]
+
+
+def test_bad_target_exits_2_with_one_line():
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    out = subprocess.run(
+        [sys.executable, "-m", "essa_jax.plan", "--config", TINY_ESSA, "--target", "tpu:v9z:2x2"],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert "unknown TPU type 'v9z'" in out.stderr
+
+
+def test_tpu_topology_compiles_with_the_tpu_compiler():
+    pytest.importorskip("libtpu")
+    target = plan_lib.make_target("tpu:v5e:2x2", 0, None)
+    assert target.compiler == "tpu" and target.num_devices == 4
+    assert target.device_memory_bytes == 16_000_000_000
+    assert "v5 lite" in target.devices[0].device_kind.lower()
+    plans = plan_lib.plan_config(tiny_config("essa"), target, name="tiny")
+    assert [p.program for p in plans] == ["sft_step", "essa_population", "heldout_eval"]
+    weights = param_bytes(tiny_model_config("tiny"))
+    assert all(p.fits and p.argument_bytes >= weights for p in plans)
+    # The same program against a budget too small for it.
+    small = dataclasses.replace(target, device_memory_bytes=1000)
+    (pop,) = plan_lib.plan_config(tiny_config("essa"), small, programs=["essa_population"])
+    assert not pop.fits and "does not fit" in plan_lib.failure_message(pop)
