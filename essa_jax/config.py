@@ -59,6 +59,13 @@ def base_config() -> ml_collections.ConfigDict:
     # Tokenizer path; "" = the model's.
     c.model.tokenizer = ""
     c.model.dtype = "float32"
+    # Checkpoint each decoder layer in the SFT and GRPO training passes (jax.checkpoint): the same
+    # gradients, activation memory of one layer plus each layer's input, ~1 more forward of compute.
+    c.model.remat = False
+    # The checkpoint's public name (e.g. "Qwen2.5-Math-7B"): documents the config and gives the
+    # ahead-of-time plan (python -m essa_jax.plan) the model's shape (essa_jax.models.shapes) when
+    # model.path holds no config.json. "" = take the shape from model.path.
+    c.model.name = ""
 
     c.task = ml_collections.ConfigDict()
     # A generated task of essa_jax.data ("add_2d", "sub_2d", "mul_1d", "arith_mixed",
@@ -95,6 +102,9 @@ def base_config() -> ml_collections.ConfigDict:
     c.sft.learning_rate = 1e-3
     c.sft.weight_decay = 0.0
     c.sft.max_grad_norm = 1.0
+    # Rows per gradient micro-batch inside one SFT step (the same update); 0 = the whole batch.
+    # Must divide sft.batch_size.
+    c.sft.micro_batch_size = 0
 
     c.essa = ml_collections.ConfigDict()
     c.essa.strategy = "cma_es"  # any name of essa_jax.es.get_strategy
@@ -120,6 +130,10 @@ def base_config() -> ml_collections.ConfigDict:
     c.essa.prompt_sampling = "shared"
     # Adam step size of strategy "openai_es" (OpenAI-ES's default 0.01); other strategies ignore it.
     c.essa.learning_rate = 0.01
+    # Rows (members x prompts) each device generates at once; its rows run in chunks of at most
+    # this many inside the one program (one chunk's KV cache live at a time; results unchanged).
+    # 0 = the largest chunk the device memory allows (essa_jax.memory; no chunking on CPU).
+    c.essa.rows_per_chunk = 0
 
     # The one device mesh of every program (essa_jax.mesh.make_mesh), over all processes' devices:
     # axes (pop, data, model); the population axis gets every device left over, i.e.
@@ -176,6 +190,14 @@ def base_config() -> ml_collections.ConfigDict:
     # Old log-probs from the sampler (KV-cache decode) instead of a teacher-forced recomputation;
     # saves a forward pass when epochs * num_minibatches > 1, exact only to float rounding.
     c.grpo.use_generation_logprobs = False
+    # Rollouts per gradient micro-batch inside one update (the same update: token-mean and
+    # sequence-mean normalisers stay the mini-batch's); 0 = the whole mini-batch. Must divide
+    # batch_size / num_minibatches.
+    c.grpo.micro_batch_size = 0
+    # Rollouts generated at once (one chunk's KV cache live at a time); 0 = the whole step's batch.
+    # Any value > 0 samples each rollout with its own key, so all chunk sizes give the same
+    # rollouts (which differ from 0's, whose batch shares one key).
+    c.grpo.rows_per_chunk = 0
 
     c.generation = ml_collections.ConfigDict()
     # New tokens per rollout (training and evaluation); the add_2d answer is 2-3 digits + EOS.
@@ -278,8 +300,9 @@ def _check_model_path(path: str) -> None:
         )
 
 
-def check_task_config(task) -> None:
-    """Validate `config.task` (name / path, prompt format, reward) without reading the data."""
+def check_task_config(task, *, check_paths: bool = True) -> None:
+    """Validate `config.task` (name / path, prompt format, reward) without reading the data;
+    `check_paths=False` skips whether the data files exist (a plan needs none)."""
     from essa_jax.data import PROMPT_FORMATS, is_generated_task
     from essa_jax.rewards import REWARDS
 
@@ -289,7 +312,7 @@ def check_task_config(task) -> None:
         )
     if task.reward and task.reward not in REWARDS:
         raise ConfigError("task.reward", task.reward, "'' (by format) | " + " | ".join(REWARDS))
-    if is_generated_task(task.name) and not task.path:
+    if (is_generated_task(task.name) and not task.path) or not check_paths:
         return
     for field, path in (("task.path", task.path), ("task.eval_path", task.eval_path)):
         if field == "task.eval_path" and not path:
@@ -324,21 +347,25 @@ def _check_mesh(mesh, num_devices: int) -> None:
         raise ConfigError("mesh.model", model, "1 (a model axis is not implemented yet)")
 
 
-def validate_config(config, num_devices: int | None = None) -> None:
+def validate_config(config, num_devices: int | None = None, *, model_config: Any = None) -> None:
     """Check every field against the others and the model's dims; raise ConfigError on the first.
 
     Runs before any weight is loaded or any function compiled. `num_devices` defaults to
-    `jax.device_count()`: the run's one mesh spans every process's devices.
+    `jax.device_count()`: the run's one mesh spans every process's devices. `model_config` (a
+    `ModelConfig`): check against this shape instead of reading `model.path`; then neither the
+    checkpoint nor the task's data files need exist (the ahead-of-time plan of a cluster's run,
+    `essa_jax.plan`).
     """
     _check_choice("method", config.method, METHODS)
     _check_choice("model.dtype", config.model.dtype, DTYPES)
-    _check_model_path(config.model.path)
+    if model_config is None:
+        _check_model_path(config.model.path)
     if not isinstance(config.seed, int):
         raise ConfigError("seed", config.seed, "integers")
     _check_positive("max_wall_seconds", config.max_wall_seconds, allow_zero=True)
 
     # Task.
-    check_task_config(config.task)
+    check_task_config(config.task, check_paths=model_config is None)
     _check_positive("task.num_train", config.task.num_train)
     _check_positive("task.num_heldout", config.task.num_heldout)
     _check_positive("task.max_prompt_tokens", config.task.max_prompt_tokens)
@@ -357,7 +384,7 @@ def validate_config(config, num_devices: int | None = None) -> None:
     if not isinstance(config.lora.rank, int) or config.lora.rank < 1:
         raise ConfigError("lora.rank", config.lora.rank, "integers >= 1")
     _check_positive("lora.alpha", config.lora.alpha)
-    dims = model_dims(config)
+    dims = model_config.projection_shapes() if model_config is not None else model_dims(config)
     if dims is not None:
         max_rank = min(min(dims[t]) for t in targets)
         if config.lora.rank > max_rank:
@@ -378,6 +405,18 @@ def validate_config(config, num_devices: int | None = None) -> None:
             "ESSA needs an SFT warm start: singular values of a zero-initialised LoRA B are all 0",
         )
     _check_positive("sft.batch_size", config.sft.batch_size)
+    mbs = config.sft.micro_batch_size
+    if (
+        not isinstance(mbs, int)
+        or isinstance(mbs, bool)
+        or mbs < 0
+        or (mbs and config.sft.batch_size % mbs)
+    ):
+        raise ConfigError(
+            "sft.micro_batch_size", mbs, f"0 or divisors of sft.batch_size={config.sft.batch_size}"
+        )
+    if not isinstance(config.model.remat, bool):
+        raise ConfigError("model.remat", config.model.remat, "True | False")
     _check_positive("sft.learning_rate", config.sft.learning_rate)
 
     num_devices = _device_count() if num_devices is None else num_devices
@@ -402,6 +441,11 @@ def validate_config(config, num_devices: int | None = None) -> None:
             )
         _check_positive("essa.prompts_per_candidate", e.prompts_per_candidate)
         _check_positive("essa.generations", e.generations)
+        rpc = e.rows_per_chunk
+        if isinstance(rpc, bool) or not isinstance(rpc, int) or rpc < 0:
+            raise ConfigError(
+                "essa.rows_per_chunk", rpc, "integers >= 0 (0 = chosen from device memory)"
+            )
         _check_positive("essa.sigma_init", e.sigma_init)
         if not 0.0 < e.alpha <= 1.0:
             raise ConfigError("essa.alpha", e.alpha, "0 < alpha <= 1")
@@ -443,6 +487,14 @@ def validate_config(config, num_devices: int | None = None) -> None:
                 g.num_minibatches,
                 f"divisors of grpo.batch_size={g.batch_size} (the rollouts of a step)",
             )
+        minibatch = g.batch_size // g.num_minibatches
+        if g.micro_batch_size and minibatch % g.micro_batch_size:
+            raise ConfigError(
+                "grpo.micro_batch_size",
+                g.micro_batch_size,
+                f"0 or divisors of the mini-batch, grpo.batch_size / grpo.num_minibatches = "
+                f"{minibatch}",
+            )
     ev = config.eval
     _check_positive("eval.every", ev.every, allow_zero=True)
     _check_positive("eval.pass_k_samples", ev.pass_k_samples, allow_zero=True)
@@ -464,6 +516,7 @@ GRPO_CONFIG_FIELDS = {
     "advantage": "grpo.adv_scale",
     "gamma": "grpo.focal_gamma",
     "max_new_tokens": "generation.max_new_tokens",
+    "remat": "model.remat",
     "weighting": "method",
 }
 

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import os
 import sys
 import time
@@ -150,8 +149,10 @@ class ProgramPlan:
     per_device_bytes = arguments + outputs + temporaries - aliased (donated) bytes, as XLA's buffer
     assignment counts them; fits: per_device_bytes <= (1 - headroom) * device_memory_bytes.
     chunks: the micro-batch sizes the program runs with (chosen from the budget when the config
-    says 0). flops: XLA's cost analysis of one call (a loop's body is counted once per loop, not
-    per trip: decode FLOPs are those of one step, prefill's in full).
+    says 0). flops: XLA's cost analysis of one call, which counts a loop's body once, not once per
+    trip (the layer scan, the decode loop, chunk maps): a lower bound. model_flops: the same call
+    counted from the model's shape (`model_flops`): matmuls and attention of every token of every
+    row, the figure to set against a chip's peak.
     """
 
     config: str
@@ -170,6 +171,7 @@ class ProgramPlan:
     fits: bool
     chunks: dict[str, int]
     flops: float
+    model_flops: float
     compile_s: float
     fix: str = ""
 
@@ -180,10 +182,11 @@ class ProgramPlan:
 @dataclasses.dataclass
 class _Program:
     name: str
-    lower: Callable[[], Any]  # -> jax.stages.Lowered
+    lower: Callable[[], Any] | None  # -> jax.stages.Lowered; None: cannot fit, see `fix`
     mesh: dict[str, int]
     chunks: dict[str, int]
     fix: str  # the settings that shrink this program, for the "does not fit" message
+    model_flops: float = 0.0
 
 
 # -- model shape and abstract inputs --------------------------------------------------------------
@@ -216,6 +219,10 @@ def plan_model_config(config) -> tuple[Any, str]:
     )
 
 
+def _remat(config) -> bool:
+    return bool(config.model.remat)
+
+
 def _abstract(tree: Any, sharding: Any) -> Any:
     import jax
 
@@ -228,6 +235,31 @@ def _replicated(devices: Sequence[Any]) -> Any:
 
     mesh = jax.sharding.Mesh(np.asarray(devices, dtype=object), ("d",))
     return NamedSharding(mesh, PartitionSpec())
+
+
+def model_flops(
+    mc, rows: int, prompt: int, new: int = 0, *, train: bool = False, remat: bool = False
+) -> float:
+    """FLOPs of `rows` sequences of `prompt` tokens (+ `new` decoded ones) through the model.
+
+    Per token: 2 x (projection kernels + output head) multiply-adds, plus attention's
+    4 x layers x heads x head_dim x (keys attended), causal (a token at position t sees t + 1
+    keys). Generation counts prefill and every decode step; training counts the forward, the
+    backward's input gradients (as much again: the base weights are frozen, the LoRA weights'
+    own gradients are negligible) and, with remat, a second forward.
+    """
+    dense = 2 * (
+        mc.num_layers * sum(i * o for i, o in mc.projection_shapes().values())
+        + mc.hidden_size * mc.vocab_size
+    )
+    attn = 4 * mc.num_layers * mc.num_heads * mc.head_dim
+    total = prompt + new
+    # Sum over positions t < total of (t + 1) keys = total (total + 1) / 2.
+    keys = total * (total + 1) / 2
+    forward = rows * (dense * total + attn * keys)
+    if not train:
+        return float(forward)
+    return float(forward * (3 if remat else 2))
 
 
 # -- the programs of a run ----------------------------------------------------------------------
@@ -298,6 +330,7 @@ def _programs(config, mc, target: Target) -> list[_Program]:
             single,
             {"eval.batch_size": bs},
             f"a smaller eval.batch_size (now {bs})",
+            model_flops(mc, bs, tp, new),
         )
     )
     return programs
@@ -327,14 +360,18 @@ def _sft_program(config, mc, params_shape, lora_shape, one, seq_len) -> _Program
             tok,
             tok,
             tok,
+            remat=_remat(config),
+            micro_batch_size=micro,
         )
 
+    micro = int(config.sft.micro_batch_size)
     return _Program(
         "sft_step",
         lower,
         {"devices": 1},
-        {"sft.batch_size": b, "sequence": seq_len},
-        "model.remat=True, a smaller sft.batch_size",
+        {"sft.batch_size": b, "sft.micro_batch_size": micro or b, "sequence": seq_len},
+        "model.remat=True, a smaller sft.micro_batch_size",
+        model_flops(mc, b, seq_len, train=True, remat=_remat(config)),
     )
 
 
@@ -345,46 +382,51 @@ def _essa_program(config, mc, params_shape, lora_shape, target, tp, new, eos) ->
 
     from essa_jax import lora as lora_lib
     from essa_jax.mesh import make_mesh
-    from essa_jax.population.engine import _population_generate
+    from essa_jax.population.evaluator import PopulationEvaluator, PromptBatch
 
     c = config
     mesh = make_mesh(data=c.mesh.data, model=c.mesh.model, devices=target.devices)
     replicated = NamedSharding(mesh, PartitionSpec())
-    alpha = float(c.essa.alpha)
-    basis_shape, layout = lora_lib.basis_shape(lora_shape, alpha)
+    basis, layout = lora_lib.basis_shape(lora_shape, float(c.essa.alpha))
+    basis = _abstract(basis, replicated)
     p, b = int(c.essa.population_size), int(c.essa.prompts_per_candidate)
     shape = (p, b, tp) if c.essa.prompt_sampling == "per_candidate" else (b, tp)
     sizes = dict(zip(mesh.axis_names, mesh.devices.shape, strict=True))
-
-    def lower():
-        tok = jax.ShapeDtypeStruct(shape, jnp.int32, sharding=replicated)
-        return _population_generate.lower(
-            _abstract(params_shape, replicated),
-            _abstract(basis_shape, replicated),
-            jax.ShapeDtypeStruct((p, layout.size), jnp.float32, sharding=replicated),
-            tok,
-            tok,
-            jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=replicated),
-            config=mc,
-            layout=layout,
-            mesh=mesh,
-            keep_padding=True,
-            max_new_tokens=new,
-            greedy=bool(c.essa.greedy),
-            temperature=float(c.essa.temperature),
-            top_k=0,
-            top_p=1.0,
-            eos_token_ids=eos,
-        )
-
-    rows = math.ceil(p / sizes["pop"]) * math.ceil(b / sizes["data"])
+    # The evaluator the ESSA loop builds (train/essa.py), on abstract weights and the target's
+    # memory: the chunk it picks for essa.rows_per_chunk = 0 is the one the run would pick.
+    evaluator = PopulationEvaluator(
+        _abstract(params_shape, replicated),
+        mc,
+        layout,
+        mesh=mesh,
+        score=lambda rows: [],
+        max_new_tokens=new,
+        greedy=bool(c.essa.greedy),
+        temperature=float(c.essa.temperature),
+        eos_token_ids=eos,
+        rows_per_chunk=int(c.essa.rows_per_chunk),
+        device_memory_bytes=target.device_memory_bytes,
+    )
+    tok = jax.ShapeDtypeStruct(shape, jnp.int32, sharding=replicated)
+    batch = PromptBatch(tokens=tok, mask=tok, prompts=[])
+    genomes = jax.ShapeDtypeStruct((p, layout.size), jnp.float32, sharding=replicated)
+    key = jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=replicated)
+    rows = evaluator.shard_rows(p, b)
+    fix = (
+        "a smaller essa.rows_per_chunk, more devices (--devices), or fewer "
+        "essa.prompts_per_candidate"
+    )
+    try:
+        chunk = evaluator.rows_per_chunk_for(basis, genomes, batch) or rows
+    except ValueError as e:  # not even one row fits next to the weights
+        return _Program("essa_population", None, sizes, {"rows_per_device": rows}, str(e))
     return _Program(
         "essa_population",
-        lower,
+        lambda: evaluator.lower(basis, genomes, batch, key),
         sizes,
-        {"rows_per_device": rows},
-        "a smaller essa.rows_per_chunk, more devices (--devices), or fewer "
-        "essa.prompts_per_candidate",
+        {"rows_per_device": rows, "essa.rows_per_chunk": chunk},
+        fix,
+        model_flops(mc, rows, tp, new),
     )
 
 
@@ -410,8 +452,7 @@ def _grpo_programs(config, mc, params_shape, lora_shape, one, tp, new, eos) -> l
     )
     policy = FrozenPolicy(base=_abstract(params_shape, one), adapter=frozen)
     opt_state = _abstract(jax.eval_shape(trainer.optimizer.init, trainable), one)
-    num_prompts = cfg_batch = int(c.grpo.batch_size) // int(c.grpo.group_size)
-    del cfg_batch
+    num_prompts = int(c.grpo.batch_size) // int(c.grpo.group_size)
     rows, seq = int(c.grpo.batch_size), tp + new
     mb = rows // int(c.grpo.num_minibatches)
 
@@ -444,8 +485,9 @@ def _grpo_programs(config, mc, params_shape, lora_shape, one, tp, new, eos) -> l
             "grpo_rollout",
             lower_rollout,
             {"devices": 1},
-            {"rollout_rows": rows},
+            {"rollout_rows": rows, "grpo.rows_per_chunk": cfg.rows_per_chunk or rows},
             "a smaller grpo.rows_per_chunk, or a smaller grpo.batch_size",
+            model_flops(mc, rows, tp, new),
         )
     ]
     if need_old or need_ref:
@@ -467,6 +509,7 @@ def _grpo_programs(config, mc, params_shape, lora_shape, one, tp, new, eos) -> l
                 {"devices": 1},
                 {"score_rows": rows},
                 "model.remat=True, a smaller grpo.batch_size",
+                model_flops(mc, rows, seq) * (int(need_old) + int(need_ref)),
             )
         )
     programs.append(
@@ -474,8 +517,13 @@ def _grpo_programs(config, mc, params_shape, lora_shape, one, tp, new, eos) -> l
             "grpo_update",
             lower_update,
             {"devices": 1},
-            {"minibatch_rows": mb, "sequence": seq},
+            {
+                "minibatch_rows": mb,
+                "grpo.micro_batch_size": cfg.micro_batch_size or mb,
+                "sequence": seq,
+            },
             "model.remat=True, a smaller grpo.micro_batch_size, or more grpo.num_minibatches",
+            model_flops(mc, mb, seq, train=True, remat=_remat(config)),
         )
     )
     return programs
@@ -505,12 +553,43 @@ def plan_config(
         validate_config(config, target.num_devices, model_config=mc)
     except ConfigError as e:
         raise PlanError(str(e)) from None
+    from essa_jax.models.generate import decode_layers
+
+    # Decode as accelerators run it (the layer scan), also when XLA's CPU compiler stands in for a
+    # GPU's or the process's backend is CPU while compiling for a TPU topology.
+    with decode_layers("scan"):
+        return _compile_all(config, mc, target, name, headroom, programs, log)
+
+
+def _compiler_options(target: Target) -> dict[str, str]:
+    """XLA options for compiling for `target`.
+
+    XLA's CPU compiler has no bfloat16 matmul: it converts the operands to float32 (its
+    float-normalization pass), and loop-invariant code motion then hoists the conversion of a
+    whole stacked weight out of the layer loop, a float32 copy of the model (twice its bfloat16
+    bytes) that a GPU or TPU, which multiply bfloat16 natively, never makes. When the CPU compiler
+    stands in for a GPU's, that hoisting is off, so each conversion stays a temporary of one layer
+    (or of the head, per decode step): still an overestimate, by about that much. The program is
+    compiled, never run, so only its buffers matter.
+    """
+    if target.compiler == "cpu":
+        return {"xla_disable_hlo_passes": "while-loop-invariant-code-motion"}
+    return {}
+
+
+def _compile_all(config, mc, target, name, headroom, programs, log) -> list[ProgramPlan]:
     out = []
     for prog in _programs(config, mc, target):
         if programs is not None and prog.name not in programs:
             continue
+        if prog.lower is None:  # refused before compiling (e.g. not one row fits)
+            plan = _unfit(prog, name, target, headroom)
+            if log is not None:
+                log(format_row(plan))
+            out.append(plan)
+            continue
         t0 = time.perf_counter()
-        compiled = prog.lower().compile()
+        compiled = prog.lower().compile(compiler_options=_compiler_options(target))
         dt = time.perf_counter() - t0
         m = compiled.memory_analysis()
         cost = compiled.cost_analysis()
@@ -535,6 +614,7 @@ def plan_config(
             fits=total <= (1.0 - headroom) * target.device_memory_bytes,
             chunks=prog.chunks,
             flops=float((cost or {}).get("flops", 0.0)),
+            model_flops=float(prog.model_flops),
             compile_s=round(dt, 2),
             fix="" if total <= (1.0 - headroom) * target.device_memory_bytes else prog.fix,
         )
@@ -544,10 +624,34 @@ def plan_config(
     return out
 
 
+def _unfit(prog: _Program, name: str, target: Target, headroom: float) -> ProgramPlan:
+    return ProgramPlan(
+        config=name,
+        program=prog.name,
+        target=target.name,
+        compiler=target.compiler,
+        devices=target.num_devices,
+        mesh=prog.mesh,
+        argument_bytes=0,
+        output_bytes=0,
+        temp_bytes=0,
+        alias_bytes=0,
+        per_device_bytes=0,
+        device_memory_bytes=target.device_memory_bytes,
+        headroom=headroom,
+        fits=False,
+        chunks=prog.chunks,
+        flops=0.0,
+        model_flops=0.0,
+        compile_s=0.0,
+        fix=prog.fix,
+    )
+
+
 def format_header() -> str:
     return (
         f"{'program':<16} {'mesh':<22} {'args GB':>9} {'temp GB':>9} {'out GB':>8} "
-        f"{'total GB':>10} {'of GB':>7} {'fits':>5} {'TFLOP':>8}  chunks"
+        f"{'total GB':>10} {'of GB':>7} {'fits':>5} {'TFLOP':>8}  chunks  (TFLOP: model_flops)"
     )
 
 
@@ -558,13 +662,15 @@ def format_row(p: ProgramPlan) -> str:
         f"{p.program:<16} {mesh:<22} {p.argument_bytes / GB:>9.2f} {p.temp_bytes / GB:>9.2f} "
         f"{p.output_bytes / GB:>8.2f} {p.per_device_bytes / GB:>10.2f} "
         f"{p.device_memory_bytes / GB:>7.1f} {'yes' if p.fits else 'NO':>5} "
-        f"{p.flops / 1e12:>8.2f}  {chunks}"
+        f"{p.model_flops / 1e12:>8.1f}  {chunks}"
     )
 
 
 def failure_message(p: ProgramPlan) -> str:
     """One line: which program does not fit, by how much, and what would make it fit."""
     budget = (1.0 - p.headroom) * p.device_memory_bytes
+    if p.per_device_bytes == 0:  # refused before compiling; `fix` says why
+        return f"{p.program} does not fit on {p.target}: {p.fix}"
     return (
         f"{p.program} does not fit: {p.per_device_bytes / GB:.1f} GB per device > "
         f"{budget / GB:.1f} GB ({1 - p.headroom:.0%} of {p.device_memory_bytes / GB:.1f} GB) "

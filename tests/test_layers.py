@@ -14,6 +14,7 @@ LAYERS = {
     "distributed": 0,
     "checkpointing": 0,
     "models": 1,
+    "memory": 1,
     "es": 2,
     "lora": 2,
     "rl": 2,
@@ -25,6 +26,7 @@ LAYERS = {
     "config": 4,
     "train": 5,
     "main": 5,
+    "plan": 5,
     "plot": 5,
 }
 # Extra rules beyond "no import from a higher layer".

@@ -42,6 +42,26 @@ class LoRA:
         return self.scale * jnp.einsum("lri,lor->lio", self.a, self.b)
 
 
+def master_weights(tree: Any) -> Any:
+    """`tree` with every floating leaf narrower than float32 (bfloat16, float16) cast to float32.
+
+    Mixed precision (Micikevicius et al. 2018, Sec. 3.1): the trained parameters and the optimiser
+    state stay float32 while the model runs in its own dtype. The adapters cast their factors to
+    the activations' dtype at use (`LoRA.delta`, `SVDLoRA.delta`), so a float32 adapter on a
+    bfloat16 model promotes nothing; their gradients arrive in float32. Kept in bfloat16, an
+    AdamW step of lr 1e-6 on a weight of 0.1 (relative 1e-5, below bfloat16's 2^-8 spacing)
+    rounds away. Other leaves are returned as they are (no copy).
+    """
+
+    def up(x: Any) -> Any:
+        dt = getattr(x, "dtype", None)
+        if dt is not None and jnp.issubdtype(dt, jnp.floating) and jnp.finfo(dt).bits < 32:
+            return x.astype(jnp.float32)
+        return x
+
+    return jax.tree.map(up, tree)
+
+
 def init_lora(
     key: jax.Array, model_config: Any, lora_config: LoraConfig, dtype: Any = jnp.float32
 ) -> dict[str, LoRA]:

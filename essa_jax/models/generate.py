@@ -3,12 +3,15 @@
 The loop stops as soon as every row has emitted an EOS token (or after `max_new_tokens`). Rows are
 left-padded prompts of different lengths. `generate` is a pure function, usable inside jit, vmap
 and shard_map; `generate_jit` is the jitted convenience wrapper (sampling settings static).
+`generate_chunked` runs the rows in chunks of a fixed size inside one program (one chunk's KV
+cache live at a time), with one key per row so that the samples do not depend on the chunking.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import flax.struct
@@ -16,6 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from essa_jax.mesh import pad_to
 from essa_jax.models.config import ModelConfig
 from essa_jax.models.transformer import (
     Params,
@@ -26,6 +30,38 @@ from essa_jax.models.transformer import (
     per_layer_params,
     prefill,
 )
+
+# How the decode loop runs the layers: None = by the default backend (unrolled over per-layer
+# weight copies on CPU, a layer scan elsewhere), or forced "scan" / "unrolled" (`decode_layers`).
+_DECODE_LAYERS: str | None = None
+
+
+@contextlib.contextmanager
+def decode_layers(mode: str):
+    """Within this block, programs traced decode with the layer scan ("scan", the accelerator
+    path) or unrolled ("unrolled", the CPU path), whatever the default backend.
+
+    For compiling ahead of time for another platform (`essa_jax.plan` compiles the GPU / TPU
+    programs on a CPU machine, where the default would pick the CPU path and its second copy of the
+    weights). JAX's trace caches are cleared on entry and exit: a program traced under one mode is
+    never reused under the other.
+    """
+    global _DECODE_LAYERS
+    if mode not in ("scan", "unrolled"):
+        raise ValueError(f"decode_layers mode {mode!r}: valid modes are 'scan' and 'unrolled'")
+    previous, _DECODE_LAYERS = _DECODE_LAYERS, mode
+    jax.clear_caches()
+    try:
+        yield
+    finally:
+        _DECODE_LAYERS = previous
+        jax.clear_caches()
+
+
+def _decode_unrolled() -> bool:
+    if _DECODE_LAYERS is not None:
+        return _DECODE_LAYERS == "unrolled"
+    return jax.default_backend() == "cpu"
 
 
 @flax.struct.dataclass
@@ -218,7 +254,7 @@ def generate(
     # once here): a layer scan would copy every kernel out of the stacked params at every step.
     # Elsewhere keep the scan: no second copy of the weights, compile time flat in depth.
     decode_params, decode_lora = params, lora
-    if jax.default_backend() == "cpu":
+    if _decode_unrolled():
         decode_params = per_layer_params(params)
         decode_lora = per_layer_lora(lora, len(decode_params["layers"]))
         cache = per_layer_cache(cache)
@@ -239,6 +275,74 @@ def generate(
         mask=mask,
         finished=finished,
     )
+
+
+def generate_chunked(
+    params: Params,
+    config: ModelConfig,
+    prompt_tokens: jax.Array,
+    prompt_mask: jax.Array,
+    key: jax.Array,
+    *,
+    rows_per_chunk: int,
+    lora: Mapping[str, Any] | Callable[[Any], Mapping[str, Any] | None] | None = None,
+    row_inputs: Any = None,
+    **settings: Any,
+) -> Generation:
+    """`generate` over the B rows in chunks of at most `rows_per_chunk` rows, in one program.
+
+    Only one chunk's KV cache and decode activations are live at a time: the chunks run one
+    after the other (`jax.lax.map`), so peak memory scales with the chunk, not with B. The rows
+    are padded to a multiple of the chunk with copies of row 0 (`essa_jax.mesh.pad_to`, the one
+    padding rule), which are dropped afterwards.
+
+    Every row samples with its own key, so a row's tokens do not depend on the chunk size (nor on
+    which chunk it lands in): `key` is one key per row ([B] typed or [B, 2] raw), or one key, in
+    which case row r uses fold_in(key, r). (With one key `generate` itself draws the batch
+    jointly, so `generate(key)` and `generate_chunked(key)` sample differently; every
+    `generate_chunked` call with the same key samples identically, whatever `rows_per_chunk`.)
+    Log-probs agree across chunk sizes to float rounding only: XLA's kernels need not round a
+    batch of 4 rows like one of 15 (~1e-7 relative on CPU), so a token could flip only where two
+    candidates tie to that precision.
+
+    Args:
+      prompt_tokens, prompt_mask: [B, T] as for `generate`.
+      rows_per_chunk: rows per chunk; 0 or >= B = one chunk (no `lax.map`).
+      lora: the adapter shared by every row (`generate`'s `lora`), or a function
+        `lora(row_inputs_chunk) -> adapter` building a chunk's per-row adapter from the chunk's
+        slice of `row_inputs` (e.g. the population's per-row singular values).
+      row_inputs: pytree of [B, ...] arrays cut into chunks alongside the rows (for `lora`).
+      settings: `generate`'s keyword arguments (max_new_tokens, temperature, greedy, ...).
+
+    Returns `Generation` of the B rows, as `generate`.
+    """
+    B, T = prompt_tokens.shape
+    if not isinstance(rows_per_chunk, int) or rows_per_chunk < 0:
+        raise ValueError(f"rows_per_chunk must be an int >= 0, got {rows_per_chunk!r}")
+    if not jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
+        key = jax.random.wrap_key_data(key)
+    if not _per_row_keys(key, B):
+        key = jax.vmap(jax.random.fold_in, (None, 0))(key, jnp.arange(B, dtype=jnp.int32))
+    make_lora = lora if callable(lora) else (lambda _: lora)
+    if rows_per_chunk == 0 or rows_per_chunk >= B:
+        return generate(
+            params, config, prompt_tokens, prompt_mask, key, lora=make_lora(row_inputs), **settings
+        )
+    chunk = rows_per_chunk
+    num_chunks = -(-B // chunk)
+
+    def split(x: jax.Array) -> jax.Array:
+        # Padding rows are copies of row 0; they are computed and dropped below.
+        x = pad_to(x, num_chunks * chunk, 0)
+        return x.reshape((num_chunks, chunk) + x.shape[1:])
+
+    def one_chunk(xs: tuple) -> Generation:
+        tokens, mask, keys, inputs = xs
+        return generate(params, config, tokens, mask, keys, lora=make_lora(inputs), **settings)
+
+    xs = jax.tree.map(split, (prompt_tokens, prompt_mask, key, row_inputs))
+    out = jax.lax.map(one_chunk, xs)
+    return jax.tree.map(lambda z: z.reshape((num_chunks * chunk,) + z.shape[2:])[:B], out)
 
 
 generate_jit = jax.jit(

@@ -31,6 +31,7 @@ def sequence_logprobs(
     temperature: float = 1.0,
     return_entropy: bool = False,
     chunk_size: int | None = None,
+    remat: bool = False,
 ) -> jax.Array | tuple[jax.Array, jax.Array]:
     """log p(tokens[:, t+1] | tokens[:, :t+1]) for t < T-1: [B, T-1] float32 (and entropies).
 
@@ -39,11 +40,19 @@ def sequence_logprobs(
     match `generate`'s sampling distribution).
     Entropy is that of the full next-token distribution, [B, T-1]. `chunk_size` (time steps per
     chunk) defaults to keep each chunk's logits near 128 MiB. Differentiable (w.r.t. params and
-    lora) without materialising [B, T, V].
+    lora) without materialising [B, T, V]. `remat` checkpoints each decoder layer
+    (`hidden_states`): the backward pass keeps one [B, T, d] input per layer instead of the
+    layer's activations.
     """
     B, T = tokens.shape
     h = hidden_states(
-        params, config, tokens, attention_mask=attention_mask, positions=positions, lora=lora
+        params,
+        config,
+        tokens,
+        attention_mask=attention_mask,
+        positions=positions,
+        lora=lora,
+        remat=remat,
     )[:, :-1]
     targets = tokens[:, 1:]
     n = T - 1

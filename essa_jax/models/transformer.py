@@ -38,6 +38,9 @@ from essa_jax.models.config import PROJECTIONS, ModelConfig
 # in decode, two dispatches of a matmul too small to keep the cores busy.
 FUSED_LORA_TARGETS = {"qkv": ("q", "k", "v"), "gate_up": ("gate", "up")}
 _NEG = -1e30  # finite "minus infinity": fully masked rows (padding queries) stay NaN-free.
+# Queries per attention chunk of a long prompt (see `_attention`): bounds the float32 scores to
+# [B, Hq, ATTENTION_QUERY_CHUNK, S] per layer. Read at trace time; tests lower it.
+ATTENTION_QUERY_CHUNK = 512
 
 Params = dict[str, Any]
 
@@ -161,7 +164,12 @@ def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
 
 
 def _proj(x: jax.Array, p: Mapping[str, jax.Array], adapter: Any) -> jax.Array:
-    y = x @ p["kernel"]
+    # Accumulate in float32 and round once (what a bf16 matmul does on GPU / TPU anyway). Asking
+    # for it explicitly also keeps XLA's CPU compiler from upcasting a bfloat16 kernel to a
+    # float32 copy for the product (a second, doubled copy of the weights in a program's memory).
+    kernel = p["kernel"]
+    y = jnp.matmul(x, kernel, preferred_element_type=jnp.float32)
+    y = y.astype(jnp.result_type(x.dtype, kernel.dtype))
     if "bias" in p:
         y = y + p["bias"]
     if adapter is not None:
@@ -189,6 +197,7 @@ def _attention(
     q_slots: jax.Array,
     blocks: Sequence[tuple[jax.Array, jax.Array, jax.Array, jax.Array]],
     sliding_window: int | None,
+    q_chunk: int | None = None,
 ) -> jax.Array:
     """Causal masked GQA over one or more key blocks, softmax taken jointly over all of them.
 
@@ -201,11 +210,47 @@ def _attention(
     contractions are batched over (b, kv head) with contiguous [S, hd] operands: with the
     sequence-major layout XLA transposed the whole cache block on every decode step, which took
     more than half of a SmolLM2 decode step at batch 256.
+
+    Long prompts (T > q_chunk, default ATTENTION_QUERY_CHUNK) are attended q_chunk queries at a
+    time under `lax.map`, each chunk rematerialised in the backward pass (`jax.checkpoint`): the
+    float32 scores and probabilities then live as [B, Hq, q_chunk, S] per chunk instead of
+    [B, Hq, T, S] (Qwen2.5-7B, T = 4096: 1.9 GB per row and layer, twice that in the backward
+    pass). Each query's softmax is over all its keys either way (rows of a softmax are
+    independent), so the chunked result is the same function; decode (T = 1) never chunks.
     """
     B, T, Hq, hd = q.shape
     Hkv = blocks[0][0].shape[1]
     qf = q.astype(jnp.float32).reshape(B, T, Hkv, Hq // Hkv, hd) * (1.0 / math.sqrt(hd))
     qf = jnp.transpose(qf, (0, 2, 3, 1, 4))  # [B, Hkv, g, T, hd]
+    chunk = ATTENTION_QUERY_CHUNK if q_chunk is None else q_chunk
+    if T <= chunk:
+        out = _attention_block(qf, q_slots, blocks, sliding_window)
+    else:
+        n = -(-T // chunk)
+        pad = n * chunk - T
+        # Padded queries get slot -1 (they see no key: a finite, dropped row).
+        qp = jnp.pad(qf, ((0, 0), (0, 0), (0, 0), (0, pad), (0, 0)))
+        sp = jnp.pad(q_slots, (0, pad), constant_values=-1)
+        # [n, B, Hkv, g, chunk, hd]: lax.map walks the chunks.
+        qp = jnp.moveaxis(qp.reshape(B, Hkv, Hq // Hkv, n, chunk, hd), 3, 0)
+
+        @functools.partial(jax.checkpoint, prevent_cse=False)
+        def one(xs):
+            qc, sc = xs
+            return _attention_block(qc, sc, blocks, sliding_window)
+
+        out = jax.lax.map(one, (qp, sp.reshape(n, chunk)))  # [n, B, Hkv, g, c, hd]
+        out = jnp.moveaxis(out, 0, 3).reshape(B, Hkv, Hq // Hkv, n * chunk, hd)[:, :, :, :T]
+    return jnp.transpose(out, (0, 3, 1, 2, 4)).reshape(B, T, Hq * hd)
+
+
+def _attention_block(
+    qf: jax.Array,
+    q_slots: jax.Array,
+    blocks: Sequence[tuple[jax.Array, jax.Array, jax.Array, jax.Array]],
+    sliding_window: int | None,
+) -> jax.Array:
+    """`_attention` of scaled float32 queries qf [B, Hkv, g, T, hd] -> [B, Hkv, g, T, hd]."""
     scores, allowed = [], []
     for k, _, k_slots, key_mask in blocks:
         scores.append(jnp.einsum("bkgtd,bksd->bkgts", qf, k.astype(jnp.float32)))
@@ -222,8 +267,7 @@ def _attention(
         p = jax.lax.slice_in_dim(probs, start, start + k.shape[2], axis=-1)
         outs.append(jnp.einsum("bkgts,bksd->bkgtd", p, v.astype(jnp.float32)))
         start += k.shape[2]
-    out = functools.reduce(jnp.add, outs)  # [B, Hkv, g, T, hd]
-    return jnp.transpose(out, (0, 3, 1, 2, 4)).reshape(B, T, Hq * hd)
+    return functools.reduce(jnp.add, outs)  # [B, Hkv, g, T, hd]
 
 
 def default_positions(attention_mask: jax.Array, offset: jax.Array | None = None) -> jax.Array:
@@ -243,6 +287,7 @@ def hidden_states(
     positions: jax.Array | None = None,
     lora: Mapping[str, Any] | None = None,
     cache: KVCache | None = None,
+    remat: bool = False,
 ) -> jax.Array | tuple[jax.Array, KVCache]:
     """Final (normed) hidden states [B, T, d] in the params dtype; `(h, cache)` with a cache.
 
@@ -251,8 +296,13 @@ def hidden_states(
     T tokens are written at slots `cache.index ... cache.index + T - 1` and attend to everything
     cached before them. params["layers"] is stacked, or the per-layer tuple of `per_layer_params`
     (same result, unrolled layer loop). For a prompt into an empty cache, `prefill` is faster.
+    `remat=True` checkpoints each layer (`jax.checkpoint`): a backward pass keeps only each
+    layer's input h [B, T, d] and recomputes the layer's activations (same values; about one more
+    forward pass of compute). Without a cache only; it changes nothing without differentiation.
     """
-    h, cache, _ = _decoder(params, config, tokens, attention_mask, positions, lora, cache, None)
+    h, cache, _ = _decoder(
+        params, config, tokens, attention_mask, positions, lora, cache, None, remat
+    )
     return h if cache is None else (h, cache)
 
 
@@ -305,6 +355,7 @@ def _decoder(
     lora: Mapping[str, Any] | None,
     cache: KVCache | None,
     kv_out: tuple[Any, int] | None,
+    remat: bool = False,
 ) -> tuple[jax.Array, KVCache | None, tuple[jax.Array, jax.Array] | None]:
     """`hidden_states`, returning (h, cache or None, new k/v or None). Without a cache and with
     `kv_out = (dtype, S)`, the new tokens' keys and values (cast to dtype, and attended as cast)
@@ -385,6 +436,16 @@ def _decoder(
     def self_only(k, v):
         return [(k, v, q_slots, attention_mask)]
 
+    def self_block(h, p, ad):
+        """A layer attending to its own tokens only (no cache): the layer that `remat` wraps."""
+        return block(h, p, ad, self_only)
+
+    if remat and not cached:
+        # Per-layer activation checkpointing: only h enters each layer's residuals (the layer's
+        # params and adapters are inputs already); prevent_cse=False is safe under scan / a
+        # straight-line loop and lets XLA fuse the recomputation.
+        self_block = jax.checkpoint(self_block, prevent_cse=False)
+
     if cached and isinstance(cache.k, Sequence) and not isinstance(layers, Sequence):
         raise ValueError(
             "a per-layer cache (`per_layer_cache`) needs per-layer params (`per_layer_params`)"
@@ -405,7 +466,7 @@ def _decoder(
         for i, p in enumerate(layers):
             ad = layer_lora[i]
             if not cached:
-                h, kv = block(h, p, ad, self_only)
+                h, kv = self_block(h, p, ad)
                 kv_new.append(padded(kv) if kv_out else None)
                 continue
 
@@ -430,7 +491,7 @@ def _decoder(
 
         def step(h, xs):
             p, ad = xs
-            h, kv = block(h, p, ad, self_only)
+            h, kv = self_block(h, p, ad)
             return h, (padded(kv) if kv_out else None)
 
         h, kv_new = jax.lax.scan(step, h, (layers, lora))
@@ -535,6 +596,7 @@ def forward(
     positions: jax.Array | None = None,
     lora: Mapping[str, Any] | None = None,
     cache: KVCache | None = None,
+    remat: bool = False,
 ) -> jax.Array | tuple[jax.Array, KVCache]:
     """Logits [B, T, V] (float32), or `(logits, cache)` when a cache is given.
 
@@ -548,6 +610,7 @@ def forward(
         positions=positions,
         lora=lora,
         cache=cache,
+        remat=remat,
     )
     if cache is None:
         return lm_head(params, config, out)

@@ -14,7 +14,9 @@ members and prompts; params and basis are replicated (placed once with `essa_jax
 Decoding runs as one flat batch of P*B rows through `essa_jax.models.generate`, greedy (ESSA's
 default, also Qiu et al. 2025) or sampled. Sampling passes one PRNG key per row,
 fold_in(fold_in(key, member), prompt), so a member's samples do not depend on how rows are split
-over devices.
+over devices, nor into chunks: with `rows_per_chunk` > 0 a device generates its rows in chunks of
+at most that many (`jax.lax.map` over the chunks inside the one program, rows padded by the one
+padding rule), so that only one chunk's KV cache is live (docs/ARCHITECTURE.md, "Row chunks").
 
 Population or prompt counts that do not divide the mesh are padded by the one rule of
 `essa_jax.mesh` (copies of member 0 / prompt 0, dropped afterwards; `keep_padding=True` returns the
@@ -39,7 +41,8 @@ from essa_jax.lora.svd import (
     population_svd_lora,
 )
 from essa_jax.mesh import DATA_AXIS, POP_AXIS, axis_size, pad_to, padded_size
-from essa_jax.models import Generation, forward, generate
+from essa_jax.models import Generation, forward
+from essa_jax.models.generate import generate_chunked
 
 
 def _check_inputs(layout: GenomeLayout, genomes: jax.Array, tokens: jax.Array) -> None:
@@ -149,21 +152,49 @@ def population_forward(
 
 
 def _generate_rows(
-    params, config, basis, layout, genomes, tokens, mask, member_ids, prompt_ids, key, **settings
+    params,
+    config,
+    basis,
+    layout,
+    genomes,
+    tokens,
+    mask,
+    member_ids,
+    prompt_ids,
+    key,
+    *,
+    rows_per_chunk: int,
+    **settings,
 ) -> Generation:
-    """Generation for p members x b prompts on one device: fields `[p, b, N]`."""
+    """Generation for p members x b prompts on one device: fields `[p, b, N]`.
+
+    The p*b rows run in chunks of at most `rows_per_chunk` (0 = all at once;
+    `models.generate_chunked`): each chunk builds the adapter of its own rows (row -> member ->
+    singular values), so only one chunk's KV cache and per-row adapter values are live.
+    """
     p, b, t = tokens.shape
     flat_tokens, flat_mask = tokens.reshape(p * b, t), mask.reshape(p * b, t)
-    lora = fuse_shared_input(population_svd_lora(basis, layout, genomes, b))
-    if not settings["greedy"]:
-        # One key per row, fold_in(fold_in(key, member), prompt): a row samples the same tokens
-        # whichever device and batch it lands in.
-        key = jax.vmap(
-            lambda m: jax.vmap(lambda q: jax.random.fold_in(jax.random.fold_in(key, m), q))(
-                prompt_ids
-            )
-        )(member_ids).reshape(p * b)
-    out = generate(params, config, flat_tokens, flat_mask, key, lora=lora, **settings)
+    # One key per row, fold_in(fold_in(key, member), prompt): a row samples the same tokens
+    # whichever device, batch and chunk it lands in. (Unused when greedy.)
+    keys = jax.vmap(
+        lambda m: jax.vmap(lambda q: jax.random.fold_in(jax.random.fold_in(key, m), q))(prompt_ids)
+    )(member_ids).reshape(p * b)
+    local_member = jnp.repeat(jnp.arange(p, dtype=jnp.int32), b)  # row n -> member n // b
+
+    def lora(rows_member: jax.Array) -> dict:
+        return fuse_shared_input(population_svd_lora(basis, layout, genomes[rows_member], 1))
+
+    out = generate_chunked(
+        params,
+        config,
+        flat_tokens,
+        flat_mask,
+        keys,
+        rows_per_chunk=rows_per_chunk,
+        lora=lora,
+        row_inputs=local_member,
+        **settings,
+    )
     return jax.tree.map(lambda z: z.reshape((p, b) + z.shape[1:]), out)
 
 
@@ -180,10 +211,23 @@ def _generate_rows(
         "top_p",
         "eos_token_ids",
         "keep_padding",
+        "rows_per_chunk",
     ),
 )
 def _population_generate(
-    params, basis, genomes, tokens, mask, key, *, config, layout, mesh, keep_padding, **settings
+    params,
+    basis,
+    genomes,
+    tokens,
+    mask,
+    key,
+    *,
+    config,
+    layout,
+    mesh,
+    keep_padding,
+    rows_per_chunk=0,
+    **settings,
 ):
     if not jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
         key = jax.random.wrap_key_data(key)  # raw uint32 [2] data (a key placed across hosts)
@@ -200,6 +244,7 @@ def _population_generate(
             member_ids,
             prompt_ids,
             key,
+            rows_per_chunk=rows_per_chunk,
             **settings,
         )
 
@@ -224,6 +269,7 @@ def population_generate(
     eos_token_ids: Sequence[int] | None = None,
     mesh: Mesh | None = None,
     keep_padding: bool = False,
+    rows_per_chunk: int = 0,
 ) -> Generation:
     """Generate for every member on its prompts in one jitted program.
 
@@ -235,6 +281,13 @@ def population_generate(
         fold_in(fold_in(key, i), j), so the samples do not depend on the mesh. Unused when greedy.
       mesh: optional mesh of `essa_jax.mesh.make_mesh`; P and B need not divide it (padding).
       keep_padding: return the rows padded to the mesh, [P_pad, B_pad, ...], as they lie on it.
+      rows_per_chunk: each device generates its (P_pad / pop) * (B_pad / data) rows in chunks of
+        at most this many (one chunk's KV cache live at a time; `models.generate_chunked`);
+        0 = all at once. The random draws do not depend on it (per-row keys), so greedy and
+        sampled tokens are the same for every chunk size; log-probs agree to float rounding
+        (XLA's kernels may round a batch of 4 rows differently from one of 15, ~1e-7 relative;
+        a token could flip only at an exact tie). Choosing it from the device memory is the
+        caller's (`PopulationEvaluator`, `essa_jax.memory`).
 
     Returns: `Generation` with fields `[P, B, N]` (tokens, logprobs, mask) and `[P, B]` (lengths,
     finished), N = max_new_tokens.
@@ -256,6 +309,7 @@ def population_generate(
         layout=layout,
         mesh=mesh,
         keep_padding=bool(keep_padding),
+        rows_per_chunk=int(rows_per_chunk),
         max_new_tokens=max_new_tokens,
         greedy=bool(greedy),
         temperature=temperature,

@@ -24,6 +24,12 @@ is).
 
 Prompts are shared by all members (`PromptBatch` with tokens [B, T]: candidates are ranked on
 identical problems) or drawn per candidate (tokens [P, B, T], the paper's mini-batch per candidate).
+
+Memory: each device generates its rows in chunks of `rows_per_chunk` (0 = the largest chunk that
+the device's memory allows by `essa_jax.memory`'s estimate; no chunking where the backend reports
+no memory, e.g. CPU). `lower` takes abstract inputs (`jax.ShapeDtypeStruct`s, params included), so
+a planner can compile the program for a device it does not have (docs/ARCHITECTURE.md, "Row
+chunks").
 """
 
 from __future__ import annotations
@@ -35,10 +41,11 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import Mesh
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from essa_jax.lora.svd import GenomeLayout, SVDBasis
-from essa_jax.mesh import place
+from essa_jax.memory import choose_rows_per_chunk, device_memory_bytes, tree_bytes
+from essa_jax.mesh import DATA_AXIS, POP_AXIS, axis_size, padded_size, place
 from essa_jax.models import Generation, decode_completions
 from essa_jax.population.engine import population_generate
 
@@ -150,6 +157,31 @@ def _empty_rows(gen: Generation) -> dict[str, np.ndarray]:
     return {n: np.zeros((0, 0) + getattr(gen, n).shape[2:], getattr(gen, n).dtype) for n in _FIELDS}
 
 
+def _abstract(x: Any) -> bool:
+    return isinstance(x, jax.ShapeDtypeStruct)
+
+
+def _shape(x: Any) -> tuple[int, ...]:
+    """Shape of an array, a `jax.ShapeDtypeStruct` or a nested list."""
+    return tuple(x.shape) if hasattr(x, "shape") else np.shape(x)
+
+
+def _on_mesh(tree: Any, mesh: Mesh | None) -> Any:
+    """`tree` replicated on `mesh`: arrays placed (`mesh.place`), abstract leaves given the
+    replicated sharding (for `lower`); as it is without a mesh."""
+    if mesh is None:
+        return tree
+    replicated = NamedSharding(mesh, PartitionSpec())
+    return jax.tree.map(
+        lambda x: (
+            jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=replicated)
+            if _abstract(x)
+            else place(x, mesh)
+        ),
+        tree,
+    )
+
+
 def _allgather_owned(values: np.ndarray, owned: np.ndarray) -> np.ndarray:
     """Combine per-process arrays in which each entry is owned (filled) by exactly one process."""
     stacked = np.concatenate([values, owned[None].astype(values.dtype)])
@@ -178,6 +210,14 @@ class PopulationEvaluator:
       mesh: a mesh of `essa_jax.mesh.make_mesh` (None: one device, no shard_map).
       score: `ScoreFn` giving one reward per row of this process (`text_reward(...)` for a task).
       max_new_tokens, greedy, temperature, top_k, top_p, eos_token_ids: decoding of the rows.
+      rows_per_chunk: each device generates its rows in chunks of at most this many (the KV
+        cache of one chunk live at a time); 0 = chosen from the device memory
+        (`rows_per_chunk_for`). The results do not depend on it (`population_generate`).
+      device_memory_bytes: the device memory that rows_per_chunk=0 plans for; default the first
+        device's `memory_stats()["bytes_limit"]` (none on CPU: no chunking). Set it to ask what
+        would be chosen on another device (e.g. 80e9 for an 80 GB GPU).
+
+    params may be `jax.ShapeDtypeStruct`s: such an evaluator can only `lower` (planning).
     """
 
     def __init__(
@@ -194,7 +234,15 @@ class PopulationEvaluator:
         top_k: int = 0,
         top_p: float = 1.0,
         eos_token_ids: Sequence[int] | None = None,
+        rows_per_chunk: int = 0,
+        device_memory_bytes: int | None = None,
     ):
+        if isinstance(rows_per_chunk, bool) or not isinstance(rows_per_chunk, int):
+            raise ValueError(f"rows_per_chunk must be an int >= 0, got {rows_per_chunk!r}")
+        if rows_per_chunk < 0:
+            raise ValueError(f"rows_per_chunk must be an int >= 0, got {rows_per_chunk!r}")
+        self.rows_per_chunk = rows_per_chunk
+        self.device_memory_bytes = device_memory_bytes
         self.model_config = model_config
         self.layout = layout
         self.mesh = mesh
@@ -207,21 +255,80 @@ class PopulationEvaluator:
             top_p=top_p,
             eos_token_ids=None if eos_token_ids is None else tuple(eos_token_ids),
         )
-        self.params = params if mesh is None else place(params, mesh)
+        self.params = _on_mesh(params, mesh)
 
     def _inputs(self, basis: SVDBasis, genomes: Any, batch: PromptBatch, key: jax.Array):
         """The program's arguments, as global arrays on the mesh (replicated: the program pads
-        and slices its own shards, so nothing but the P genomes' slices moves)."""
-        if jnp.issubdtype(jnp.asarray(key).dtype, jax.dtypes.prng_key):
-            key = jax.random.key_data(key)
+        and slices its own shards, so nothing but the P genomes' slices moves); abstract inputs
+        stay abstract (`lower`)."""
+
+        def arr(x: Any, dtype: Any) -> Any:
+            return jax.ShapeDtypeStruct(x.shape, dtype) if _abstract(x) else np.asarray(x, dtype)
+
+        if not _abstract(key):
+            key = jnp.asarray(key)
+        if jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
+            # Raw uint32 [2] data: what each process can place from its own copy.
+            data = jax.eval_shape if _abstract(key) else (lambda f, k: f(k))
+            key = data(jax.random.key_data, key)
         args = (
             basis,
-            np.asarray(genomes, np.float32),
-            np.asarray(batch.tokens, np.int32),
-            np.asarray(batch.mask, np.int32),
-            np.asarray(key),
+            arr(genomes, np.float32),
+            arr(batch.tokens, np.int32),
+            arr(batch.mask, np.int32),
+            key if _abstract(key) else np.asarray(key),
         )
-        return args if self.mesh is None else place(args, self.mesh)
+        return _on_mesh(args, self.mesh)
+
+    def shard_rows(self, num_members: int, num_prompts: int) -> int:
+        """Rows each device generates: (P_pad / pop) * (B_pad / data) (`essa_jax.mesh` padding)."""
+        pop, data = axis_size(self.mesh, POP_AXIS), axis_size(self.mesh, DATA_AXIS)
+        return (padded_size(num_members, pop) // pop) * (padded_size(num_prompts, data) // data)
+
+    def _local_device_memory(self) -> int | None:
+        """This process's device memory (`memory.device_memory_bytes` of its first device), the
+        smallest over processes: the chunk is a static argument, so every process must derive
+        the same one (or they would compile different programs and wait on each other)."""
+        if not hasattr(self, "_device_memory"):
+            memory = device_memory_bytes(jax.local_devices()[0])
+            if jax.process_count() > 1:
+                from jax.experimental import multihost_utils
+
+                # In MiB: int32 (JAX's default integers) holds up to 2 PiB.
+                mine = np.asarray(-1 if memory is None else memory >> 20, np.int32)
+                every = np.asarray(multihost_utils.process_allgather(mine))
+                memory = None if (every < 0).any() else int(every.min()) << 20
+            self._device_memory = memory
+        return self._device_memory
+
+    def rows_per_chunk_for(self, basis: SVDBasis, genomes: Any, batch: PromptBatch) -> int:
+        """The chunk the program uses for these inputs (arrays or `jax.ShapeDtypeStruct`s): the
+        constructor's `rows_per_chunk` if > 0; else the largest chunk that
+        `essa_jax.memory.choose_rows_per_chunk` fits in `device_memory_bytes` next to the
+        weights and the basis (all the device's rows when they fit); 0 (no chunking) when the
+        device memory is unknown (CPU). Raises ValueError naming essa.rows_per_chunk when not
+        even one row fits."""
+        if self.rows_per_chunk:
+            return self.rows_per_chunk
+        memory = self.device_memory_bytes
+        if memory is None:
+            memory = self._local_device_memory()
+        if memory is None:
+            return 0
+        tokens_shape = _shape(batch.tokens)
+        dtype = jax.tree.leaves(self.params)[0].dtype
+        if isinstance(self.params, Mapping) and "embed" in self.params:
+            dtype = self.params["embed"].dtype  # the cache dtype `models.generate` defaults to
+        return choose_rows_per_chunk(
+            self.model_config,
+            rows=self.shard_rows(_shape(genomes)[0], tokens_shape[-2]),
+            prompt_len=tokens_shape[-1],
+            max_new_tokens=self.settings["max_new_tokens"],
+            cache_dtype=dtype,
+            device_memory_bytes=memory,
+            reserved_bytes=tree_bytes(self.params) + tree_bytes(basis),
+            setting="essa.rows_per_chunk",
+        )
 
     def generate(self, basis: SVDBasis, genomes: Any, batch: PromptBatch, key: jax.Array):
         """The padded generation `[P_pad, B_pad, ...]`, sharded over the mesh (global arrays)."""
@@ -231,6 +338,7 @@ class PopulationEvaluator:
                 f"per-candidate prompts are [P, B, T] with P={np.shape(batch.tokens)[0]}, but the "
                 f"population has P={num_members} members"
             )
+        chunk = self.rows_per_chunk_for(basis, genomes, batch)
         basis, genomes, tokens, mask, key = self._inputs(basis, genomes, batch, key)
         return population_generate(
             self.params,
@@ -243,13 +351,21 @@ class PopulationEvaluator:
             key,
             mesh=self.mesh,
             keep_padding=True,
+            rows_per_chunk=chunk,
             **self.settings,
         )
 
     def lower(self, basis: SVDBasis, genomes: Any, batch: PromptBatch, key: jax.Array):
-        """The lowered generation program (for cost, memory and communication accounting)."""
+        """The lowered generation program (for cost, memory and communication accounting).
+
+        Every input may be abstract (`jax.ShapeDtypeStruct`): basis leaves, genomes `[P, D]`,
+        `batch.tokens` / `batch.mask` `[B, T]` or `[P, B, T]` (prompts and fields unused), key
+        (uint32 `[2]` or a typed key); with the params abstract too, nothing is allocated, e.g.
+        `lower(...).compile().memory_analysis()` for a device of `device_memory_bytes`.
+        """
         from essa_jax.population.engine import _population_generate
 
+        chunk = self.rows_per_chunk_for(basis, genomes, batch)
         basis, genomes, tokens, mask, key = self._inputs(basis, genomes, batch, key)
         return _population_generate.lower(
             self.params,
@@ -262,6 +378,7 @@ class PopulationEvaluator:
             layout=self.layout,
             mesh=self.mesh,
             keep_padding=True,
+            rows_per_chunk=chunk,
             **self.settings,
         )
 

@@ -96,6 +96,15 @@ class GRPOConfig:
       max_new_tokens, temperature, top_k, top_p: sampling of the rollouts.
       use_generation_logprobs: use the sampler's per-token log-probs as old_logp instead of
         recomputing them with a teacher-forced forward pass (see trainer docs).
+      micro_batch_size: rollouts per gradient micro-batch inside one update (gradient
+        accumulation, the same update; `GRPOTrainer.loss_and_grad`); 0 = the whole mini-batch.
+        Must divide the mini-batch (rollouts per step / num_minibatches).
+      remat: checkpoint each decoder layer in the training and scoring passes (`jax.checkpoint`;
+        the same values, less memory, about one more forward pass of compute).
+      rows_per_chunk: rollouts generated at once (`models.generate_chunked`: one chunk's KV cache
+        live at a time); 0 = all of them in one batch. Any value > 0 samples row r with
+        fold_in(key, r), so every chunk size gives the same rollouts; 0 keeps the one-key batch
+        sampling of `models.generate` (different samples from the same key).
 
     Invalid values raise `GRPOConfigError` (a ValueError) naming the field. The estimator and
     weighting names are checked against the registries, so register before building the config.
@@ -128,6 +137,9 @@ class GRPOConfig:
     top_k: int = 0
     top_p: float = 1.0
     use_generation_logprobs: bool = False
+    micro_batch_size: int = 0
+    remat: bool = False
+    rows_per_chunk: int = 0
 
     def __post_init__(self) -> None:
         _int_at_least("group_size", self.group_size, 2, "group-relative advantages need N >= 2")
@@ -183,6 +195,10 @@ class GRPOConfig:
             raise GRPOConfigError("top_p", self.top_p, "in (0, 1]")
         if not isinstance(self.use_generation_logprobs, bool):
             raise GRPOConfigError("use_generation_logprobs", self.use_generation_logprobs, "a bool")
+        _int_at_least("micro_batch_size", self.micro_batch_size, 0, "0 = the whole mini-batch")
+        if not isinstance(self.remat, bool):
+            raise GRPOConfigError("remat", self.remat, "a bool")
+        _int_at_least("rows_per_chunk", self.rows_per_chunk, 0, "0 = all rollouts at once")
 
     @property
     def norm_len(self) -> int:
@@ -201,3 +217,12 @@ class GRPOConfig:
                 f"GRPOConfig.num_minibatches={self.num_minibatches} must divide the number of "
                 f"rollouts per step ({num_rollouts} = prompts x group_size)"
             )
+        self.check_micro_batch(num_rollouts // self.num_minibatches)
+
+    def check_micro_batch(self, minibatch: int) -> None:
+        """Raise GRPOConfigError unless micro_batch_size is 0 or divides `minibatch` rollouts."""
+        if self.micro_batch_size and minibatch % self.micro_batch_size:
+            raise GRPOConfigError(
+                "micro_batch_size", self.micro_batch_size,
+                f"0 or a divisor of the {minibatch} rollouts of a mini-batch",
+            )  # fmt: skip

@@ -56,6 +56,61 @@ def aggregate(
     return jnp.sum(masked) / (per_token.shape[0] * length)
 
 
+def micro_batch_weights(mask: jax.Array, agg: Aggregation) -> jax.Array:
+    """Weights w [n] with aggregate(x, m, agg) = sum_i w_i aggregate(x_i, m_i, agg), exactly.
+
+    mask [n, b, T]: a mini-batch m [n*b, T] split into n micro-batches m_i of b rows (gradient
+    accumulation: the micro-batch losses, and so their gradients, add up to the mini-batch's).
+      * "token_mean": w_i = max(N_i, 1) / max(N, 1), N_i / N the real tokens of micro-batch i /
+        of the mini-batch (a micro-batch without tokens has loss 0 either way);
+      * "seq_mean_token_mean", "seq_mean_token_sum_norm": w_i = b / (n b) = 1 / n (their
+        denominators count rows: B, or B * max_len).
+    """
+    if agg not in AGGREGATIONS:
+        raise ValueError(f"agg must be one of {AGGREGATIONS}, got {agg!r}")
+    mask = mask.astype(jnp.float32)
+    if agg == "token_mean":
+        counts = jnp.sum(mask, axis=(1, 2))
+        return jnp.maximum(counts, 1.0) / jnp.maximum(jnp.sum(counts), 1.0)
+    return jnp.full(mask.shape[:1], 1.0 / mask.shape[0], jnp.float32)
+
+
+def combine_micro_batch_aux(
+    aux: dict[str, jax.Array], mask: jax.Array, weights: jax.Array
+) -> dict[str, jax.Array]:
+    """The `policy_loss` diagnostics of a mini-batch from those of its n micro-batches.
+
+    aux: each value [n] (stacked over micro-batches); mask [n, b, T]; weights [n] from
+    `micro_batch_weights`. Loss terms add with the weights, masked token means with the token
+    shares, extremes by min / max over micro-batches holding tokens, adv_mean / adv_std pool the
+    equal-sized micro-batches: all equal to `policy_loss` on the whole mini-batch (to rounding).
+    """
+    counts = jnp.sum(mask.astype(jnp.float32), axis=(1, 2))
+    share = counts / jnp.maximum(jnp.sum(counts), 1.0)
+    has = counts > 0
+    out = {}
+    for k, v in aux.items():
+        if k == "pg_loss":
+            out[k] = jnp.sum(weights * v)
+        elif k == "ratio_min":
+            out[k] = jnp.where(jnp.any(has), jnp.min(jnp.where(has, v, jnp.inf)), 1.0)
+        elif k == "ratio_max":
+            out[k] = jnp.where(jnp.any(has), jnp.max(jnp.where(has, v, -jnp.inf)), 1.0)
+        elif k == "adv_min":
+            out[k] = jnp.min(v)
+        elif k == "adv_max":
+            out[k] = jnp.max(v)
+        elif k == "adv_mean":
+            out[k] = jnp.mean(v)
+        elif k == "adv_std":
+            mean = jnp.mean(aux["adv_mean"])
+            var = jnp.mean(v**2 + aux["adv_mean"] ** 2) - mean**2
+            out[k] = jnp.sqrt(jnp.maximum(var, 0.0))
+        else:  # clip fractions, ratio_mean, kl, entropy: masked token means
+            out[k] = jnp.sum(share * v)
+    return out
+
+
 def _masked_mean(x: jax.Array, mask: jax.Array) -> jax.Array:
     return jnp.sum(x * mask) / jnp.maximum(jnp.sum(mask), 1.0)
 

@@ -42,13 +42,14 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from essa_jax.lora.adapter import master_weights
 from essa_jax.models.config import ModelConfig
-from essa_jax.models.generate import Generation, generate
+from essa_jax.models.generate import Generation, generate, generate_chunked
 from essa_jax.models.logprobs import sequence_logprobs
 from essa_jax.models.tokenizer import decode_completions
 from essa_jax.rl.advantage import get_estimator, zero_variance_fraction
 from essa_jax.rl.config import GRPOConfig
-from essa_jax.rl.losses import policy_loss
+from essa_jax.rl.losses import combine_micro_batch_aux, micro_batch_weights, policy_loss
 from essa_jax.rl.weighting import get_weighting
 
 ToLora = Callable[[Any, Any], Mapping[str, Any] | None]
@@ -181,9 +182,15 @@ class GRPOTrainer:
     # -- state
 
     def init(self, trainable: Any, key: jax.Array) -> GRPOState:
-        """Initial state; `key` may be a typed key or raw key data."""
+        """Initial state; `key` may be a typed key or raw key data.
+
+        The trainable and the optimiser state are float32 masters (`lora.master_weights`: bfloat16
+        leaves are upcast) whatever the model dtype; the adapters cast to the activations' dtype
+        at use. Abstract state for a planner: `jax.eval_shape(self.init, trainable, key)`.
+        """
         if jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
             key = jax.random.key_data(key)
+        trainable = master_weights(trainable)
         return GRPOState(
             params=trainable,
             opt_state=self.optimizer.init(trainable),
@@ -201,22 +208,33 @@ class GRPOTrainer:
         prompt_mask: jax.Array,
         key: jax.Array,
     ) -> Generation:
-        """group_size completions per prompt: rows [P * N], each prompt's group contiguous."""
+        """group_size completions per prompt: rows [P * N], each prompt's group contiguous.
+
+        cfg.rows_per_chunk > 0 generates them in chunks of that many rows (one chunk's KV cache
+        live at a time), row r sampled with fold_in(key, r): the same rollouts for every chunk
+        size. 0 = one batch sampled with the one key (`models.generate`; other samples).
+        """
         cfg = self.cfg
         tokens = jnp.repeat(prompt_tokens, cfg.group_size, axis=0)
         mask = jnp.repeat(prompt_mask, cfg.group_size, axis=0)
-        return generate(
-            policy.base,
-            self.model_config,
-            tokens,
-            mask,
-            key,
+        settings = dict(
             max_new_tokens=cfg.max_new_tokens,
             temperature=cfg.temperature,
             top_k=cfg.top_k,
             top_p=cfg.top_p,
             lora=self.to_lora(trainable, policy.adapter),
             eos_token_ids=self.eos_token_ids,
+        )
+        if not cfg.rows_per_chunk:
+            return generate(policy.base, self.model_config, tokens, mask, key, **settings)
+        return generate_chunked(
+            policy.base,
+            self.model_config,
+            tokens,
+            mask,
+            key,
+            rows_per_chunk=cfg.rows_per_chunk,
+            **settings,
         )
 
     def _score(
@@ -243,6 +261,7 @@ class GRPOTrainer:
                     attention_mask,
                     lora=lora,
                     temperature=self.cfg.temperature,
+                    remat=self.cfg.remat,
                 )
             )
         return out[0], out[1]
@@ -261,6 +280,7 @@ class GRPOTrainer:
             lora=self.to_lora(trainable, policy.adapter),
             temperature=cfg.temperature,
             return_entropy=True,
+            remat=cfg.remat,
         )
         lp, ent = _split_completion(lp, num_new), _split_completion(ent, num_new)
         old = jax.lax.stop_gradient(lp) if batch.old_logp is None else batch.old_logp
@@ -279,13 +299,48 @@ class GRPOTrainer:
             entropy=ent,
         )
 
+    def loss_and_grad(
+        self, policy: FrozenPolicy, trainable: Any, batch: RolloutBatch
+    ) -> tuple[tuple[jax.Array, dict[str, jax.Array]], Any]:
+        """((loss, aux), d loss / d trainable) of a mini-batch of B rollouts.
+
+        cfg.micro_batch_size = 0 (or B): one pass. Else gradient accumulation: the B rows split
+        into B / micro_batch_size contiguous micro-batches under `lax.scan` (one micro-batch's
+        activations alive at a time), whose losses and gradients add with the weights of
+        `micro_batch_weights`, so that every aggregation keeps the mini-batch's normaliser
+        (token_mean: its token count; the sequence means: its row count). The update equals the
+        whole-batch one up to summation order; aux is `combine_micro_batch_aux`'s.
+        """
+        grad_fn = jax.value_and_grad(self.loss, argnums=1, has_aux=True)
+        B = batch.tokens.shape[0]
+        mbs = self.cfg.micro_batch_size
+        if not mbs or mbs == B:
+            return grad_fn(policy, trainable, batch)
+        self.cfg.check_micro_batch(B)
+        n = B // mbs
+        micro = jax.tree.map(lambda x: x.reshape(n, mbs, *x.shape[1:]), batch)
+        weights = micro_batch_weights(micro.completion_mask, self.cfg.agg)  # [n]
+
+        def one(acc, xs):
+            mb, w = xs
+            (loss, aux), g = grad_fn(policy, trainable, mb)
+            acc = jax.tree.map(lambda a, gi: a + w.astype(gi.dtype) * gi, acc, g)
+            return acc, (loss, aux)
+
+        zero = jax.tree.map(jnp.zeros_like, trainable)
+        grads, (losses, auxs) = jax.lax.scan(one, zero, (micro, weights))
+        aux = combine_micro_batch_aux(auxs, micro.completion_mask, weights)
+        return (jnp.sum(weights * losses), aux), grads
+
     def _update_step(
         self, policy: FrozenPolicy, trainable: Any, opt_state: Any, batch: RolloutBatch
     ) -> tuple[Any, Any, dict[str, jax.Array]]:
-        """One optax update on one mini-batch: (trainable, opt_state, metrics)."""
-        (loss, aux), grads = jax.value_and_grad(self.loss, argnums=1, has_aux=True)(
-            policy, trainable, batch
-        )
+        """One optax update on one mini-batch: (trainable, opt_state, metrics).
+
+        Pure and jitted as `update_step`; lowerable with `jax.ShapeDtypeStruct` leaves for every
+        argument (a memory planner: `update_step.lower(...).compile().memory_analysis()`).
+        """
+        (loss, aux), grads = self.loss_and_grad(policy, trainable, batch)
         updates, opt_state = self.optimizer.update(grads, opt_state, trainable)
         trainable = optax.apply_updates(trainable, updates)
         metrics = {

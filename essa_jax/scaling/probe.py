@@ -93,10 +93,12 @@ def make_mesh_essa(
     sigma_init: float = 0.5,
     seed: int = 0,
     mesh: Any = None,
+    rows_per_chunk: int = 0,
 ) -> tuple[MeshESSA, Any]:
     """(MeshESSA, initial strategy state); the mesh defaults to `make_mesh()` (all devices).
 
     population_size need not divide the mesh's population axis (padding, `essa_jax.mesh`).
+    rows_per_chunk: the evaluator's (rows each device generates at once; 0 = from its memory).
     """
     mesh = make_mesh() if mesh is None else mesh
     key = jax.random.PRNGKey(seed)
@@ -124,6 +126,7 @@ def make_mesh_essa(
         max_new_tokens=new_tokens,
         greedy=True,
         eos_token_ids=(2,),
+        rows_per_chunk=rows_per_chunk,
     )
     return MeshESSA(strategy, evaluator, basis, batch, k_run), state
 

@@ -113,6 +113,7 @@ class ESSALoop:
             greedy=bool(c.essa.greedy),
             temperature=float(c.essa.temperature),
             eos_token_ids=run.sampler.eos_token_ids,
+            rows_per_chunk=int(c.essa.rows_per_chunk),
         )
 
     # -- state -------------------------------------------------------------------------------

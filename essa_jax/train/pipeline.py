@@ -167,7 +167,8 @@ def _sft(run: Run, key: jax.Array) -> tuple[dict, dict[str, Any]]:
     """Train the SFT adapter; return it and its held-out accuracy."""
     c = run.config
     t0 = time.perf_counter()
-    lora0 = lora_lib.init_lora(key, run.model_config, run.lora_config, run.params["embed"].dtype)
+    # float32 whatever the model dtype: the trained adapter is a master copy (lora.master_weights).
+    lora0 = lora_lib.init_lora(key, run.model_config, run.lora_config, jnp.float32)
 
     def log_fn(step: int, m: dict[str, float]) -> None:
         run.logger.write("sft", step, wall_s=time.perf_counter() - t0, tokens=0, **m)
@@ -181,6 +182,7 @@ def _sft(run: Run, key: jax.Array) -> tuple[dict, dict[str, Any]]:
         seed=c.seed,
         pad_id=run.sampler.pad_token_id,
         log_fn=log_fn,
+        remat=bool(c.model.remat),
     )
     sft_s = time.perf_counter() - t0
     ev = evaluate_policy(run, sft_lora)
@@ -292,7 +294,7 @@ def _final_eval(run: Run, lora: Any, meta: dict) -> dict[str, Any]:
 
 def _template(run: Run, loop, key: jax.Array) -> Any:
     """A state with the structure of a checkpoint (built from a zero adapter: cheap, no SFT)."""
-    lora0 = lora_lib.init_lora(key, run.model_config, run.lora_config, run.params["embed"].dtype)
+    lora0 = lora_lib.init_lora(key, run.model_config, run.lora_config, jnp.float32)
     if loop is None:
         return {"lora": lora0}
     return loop.init_state(key, lora0)

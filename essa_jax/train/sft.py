@@ -3,6 +3,10 @@
 Loss: mean negative log-likelihood of the completion tokens (reference answer + EOS) given the
 prompt; prompt tokens carry no loss. Optimiser: AdamW with global-norm clipping (optax). Only the
 LoRA factors are trained; base weights are a non-differentiated argument.
+
+Memory (docs/ARCHITECTURE.md, Memory): the LoRA and the AdamW state are float32 masters whatever
+the model dtype (`lora.master_weights`); `remat` checkpoints each decoder layer; `micro_batch_size`
+accumulates the gradient over micro-batches inside the compiled step (the same update).
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from essa_jax.lora.adapter import master_weights
 from essa_jax.models import sequence_logprobs
 from essa_jax.train.rollouts import PromptSet, init_cursor, next_indices
 
@@ -55,17 +60,92 @@ def make_optimizer(learning_rate: float, weight_decay: float, max_grad_norm: flo
     )
 
 
-def sft_loss(lora, params, model_config, tokens, mask, loss_mask):
+def sft_loss(lora, params, model_config, tokens, mask, loss_mask, remat: bool = False):
     """Mean NLL over target tokens: -sum(log p * m) / sum(m), m = loss_mask[:, 1:]."""
-    lp = sequence_logprobs(params, model_config, tokens, mask, lora=lora)  # [B, T-1]
+    lp = sequence_logprobs(params, model_config, tokens, mask, lora=lora, remat=remat)  # [B, T-1]
     m = loss_mask[:, 1:].astype(jnp.float32)
     return -jnp.sum(lp * m) / jnp.maximum(jnp.sum(m), 1.0)
 
 
-@functools.partial(jax.jit, static_argnames=("model_config", "optimizer"), donate_argnums=(0, 1))
-def sft_step(lora, opt_state, params, model_config, optimizer, tokens, mask, loss_mask):
-    """One AdamW step on a batch; returns (lora, opt_state, metrics)."""
-    loss, grads = jax.value_and_grad(sft_loss)(lora, params, model_config, tokens, mask, loss_mask)
+def sft_loss_and_grad(
+    lora,
+    params,
+    model_config,
+    tokens: jax.Array,
+    mask: jax.Array,
+    loss_mask: jax.Array,
+    *,
+    remat: bool = False,
+    micro_batch_size: int = 0,
+) -> tuple[jax.Array, Any]:
+    """(sft_loss, its gradient w.r.t. lora) of a batch [B, T], optionally in micro-batches.
+
+    micro_batch_size = 0 (or B): one pass. Else the B rows are split into B / micro_batch_size
+    contiguous micro-batches under `lax.scan`, each adding the gradient of its NLL *sum*
+    -sum(log p * m) to a float32-master accumulator, divided once by the batch's target count
+    max(sum(m), 1): the gradient of the whole-batch mean, up to summation order, with one
+    micro-batch's activations alive at a time.
+    """
+    B = tokens.shape[0]
+    if not micro_batch_size or micro_batch_size == B:
+        return jax.value_and_grad(sft_loss)(
+            lora, params, model_config, tokens, mask, loss_mask, remat
+        )
+    if micro_batch_size < 0 or B % micro_batch_size:
+        raise ValueError(f"sft micro_batch_size={micro_batch_size} must divide the batch size {B}")
+    n = B // micro_batch_size
+    split = lambda x: x.reshape(n, micro_batch_size, *x.shape[1:])  # noqa: E731
+
+    def nll_sum(lora, tok, m, lm):
+        lp = sequence_logprobs(params, model_config, tok, m, lora=lora, remat=remat)
+        return -jnp.sum(lp * lm[:, 1:].astype(jnp.float32))
+
+    def micro(acc, xs):
+        loss_sum, grad_sum = acc
+        val, g = jax.value_and_grad(nll_sum)(lora, *xs)
+        return (loss_sum + val, jax.tree.map(jnp.add, grad_sum, g)), None
+
+    zero = (jnp.zeros((), jnp.float32), jax.tree.map(jnp.zeros_like, lora))
+    (loss_sum, grad_sum), _ = jax.lax.scan(
+        micro, zero, (split(tokens), split(mask), split(loss_mask))
+    )
+    denom = jnp.maximum(jnp.sum(loss_mask[:, 1:].astype(jnp.float32)), 1.0)
+    return loss_sum / denom, jax.tree.map(lambda g: g / denom.astype(g.dtype), grad_sum)
+
+
+@functools.partial(
+    jax.jit,
+    static_argnames=("model_config", "optimizer", "remat", "micro_batch_size"),
+    donate_argnums=(0, 1),
+)
+def sft_step(
+    lora,
+    opt_state,
+    params,
+    model_config,
+    optimizer,
+    tokens,
+    mask,
+    loss_mask,
+    remat: bool = False,
+    micro_batch_size: int = 0,
+):
+    """One AdamW step on a batch; returns (lora, opt_state, metrics).
+
+    lora and opt_state are donated; tokens, mask, loss_mask [B, T]. `remat` and
+    `micro_batch_size` as in `sft_loss_and_grad` (static). Lowerable ahead of time with
+    `jax.ShapeDtypeStruct` arguments (the memory planner).
+    """
+    loss, grads = sft_loss_and_grad(
+        lora,
+        params,
+        model_config,
+        tokens,
+        mask,
+        loss_mask,
+        remat=remat,
+        micro_batch_size=micro_batch_size,
+    )
     updates, opt_state = optimizer.update(grads, opt_state, lora)
     lora = optax.apply_updates(lora, updates)
     return lora, opt_state, {"loss": loss, "grad_norm": optax.tree.norm(grads)}
@@ -81,9 +161,13 @@ def train_sft(
     seed: int,
     pad_id: int,
     log_fn=None,
+    remat: bool = False,
 ) -> Any:
     """`sft_config.steps` AdamW steps of batch `sft_config.batch_size`; returns the trained LoRA.
 
+    The LoRA is trained (and returned) as a float32 master copy (`master_weights`) whatever its
+    and the model's dtype; `sft_config.micro_batch_size` (0 = whole batch, absent = 0) splits each
+    step's gradient; `remat` checkpoints each decoder layer (`config.model.remat`).
     `log_fn(step, metrics)` is called after every step with python floats.
     """
     tokens, mask, loss_mask = sft_sequences(data, pad_id)
@@ -92,7 +176,9 @@ def train_sft(
         float(sft_config.weight_decay),
         float(sft_config.max_grad_norm),
     )
+    lora = master_weights(lora)
     opt_state = optimizer.init(lora)
+    micro_batch_size = int(getattr(sft_config, "micro_batch_size", 0))
     cursor = init_cursor(len(data), seed)
     for step in range(sft_config.steps):
         idx, cursor = next_indices(cursor, sft_config.batch_size)
@@ -105,6 +191,8 @@ def train_sft(
             tokens[idx],
             mask[idx],
             loss_mask[idx],
+            remat=remat,
+            micro_batch_size=micro_batch_size,
         )
         if log_fn is not None:
             log_fn(step + 1, {k: float(v) for k, v in m.items()})
