@@ -32,6 +32,10 @@ CASES = (
         ["--devices", "16", "--device_memory_gb", "80"],
         "paper: 16 x H100 (needs the model axis, part 2)",
     ),
+    # The same 7B programs through XLA's TPU compiler (8 chips of a v5p slice, 95 GB each):
+    # exact per-device bytes, next to the CPU compiler's approximation of a GPU's above.
+    ("essa_qwen2p5_7b_gsm8k", ["--target", "tpu:v5p:2x2x2"], "cross-check: TPU compiler"),
+    ("fgrpo_qwen2p5_7b_deepscaler", ["--target", "tpu:v5p:2x2x2"], "cross-check: TPU compiler"),
     ("essa_smollm2_arith", ["--devices", "1", "--device_memory_gb", "16"], "the default run"),
     ("essa_smollm2_arith", ["--target", "tpu:v5e:2x2"], "TPU compiler, exact bytes"),
 )

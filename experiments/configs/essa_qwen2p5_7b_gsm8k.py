@@ -35,6 +35,7 @@ def get_config():
     c.sft.steps = 460  # ~1 epoch of 7.4k at batch 16
     c.sft.batch_size = 16
     c.sft.learning_rate = 2e-4  # paper: 1e-4 .. 5e-4 for 7B
+    c.sft.micro_batch_size = 4  # 4 accumulated micro-batches: fits 80 GB without remat
     c.essa.strategy = "cma_es"
     c.essa.population_size = 96  # paper default (24 .. 96)
     c.essa.prompts_per_candidate = 100  # "batch" 100 (100 .. 300)
@@ -45,6 +46,10 @@ def get_config():
     # Each candidate scores on its own mini-batch of prompts, as the ESSA paper does
     # (arXiv 2507.04453). The population is split over all devices (config.mesh defaults).
     c.essa.prompt_sampling = "per_candidate"
+    # Memory (python -m essa_jax.plan, 8 x 80 GB; experiments/results/plan.json): each device
+    # generates its 12 members x 100 prompts = 1200 rows in 4 chunks of 300 (the chunk the
+    # estimate picks for 80 GB; 0 would pick it from the device's memory at run time).
+    c.essa.rows_per_chunk = 300
     c.generation.max_new_tokens = 512
     c.eval.every = 10
     c.eval.batch_size = 250
