@@ -45,6 +45,13 @@ import numpy as np
 
 # Device memory of a TPU chip by type (public specifications), for --target tpu:...
 TPU_MEMORY_GB = {"v4": 32, "v5e": 16, "v5litepod": 16, "v5p": 95, "v6e": 32}
+_SINGLE_HOST_TYPE = {
+    "v4": "v4-8",
+    "v5e": "v5litepod-4",
+    "v5litepod": "v5litepod-4",
+    "v5p": "v5p-8",
+    "v6e": "v6e-4",
+}
 DEFAULT_HEADROOM = 0.10
 GB = 1e9
 
@@ -86,6 +93,11 @@ def _tpu_target(spec: str) -> Target:
     # Compiling for a topology needs no TPU, so no exclusive hold on one: without this, libtpu
     # refuses while any other process on the machine has it loaded.
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+    # On a host without TPUs, libtpu's start-up looks for this host's slice and prints a page of
+    # warnings; naming a single-host slice of the same generation quiets it. The topology compiled
+    # for is `topology_name`'s whatever this says (on a TPU VM the variable is already set).
+    os.environ.setdefault("TPU_ACCELERATOR_TYPE", _SINGLE_HOST_TYPE[kind])
+    os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
     try:
         topo = topologies.get_topology_desc(platform="tpu", topology_name=f"{kind}:{topology}")
     except Exception as e:  # libtpu missing, or a topology libtpu does not know
