@@ -110,10 +110,69 @@ def main(argv: list[str]) -> int:
     return rc
 
 
+def _config_path(argv: Sequence[str]) -> str | None:
+    """The config file of `--config=FILE[:args]` / `--config FILE` in argv (None if absent)."""
+    path = next((a.split("=", 1)[1] for a in argv if a.startswith("--config=")), None)
+    if path is None and "--config" in argv[:-1]:
+        path = argv[list(argv).index("--config") + 1]
+    return None if path is None else path.split(":", 1)[0]
+
+
+def unknown_override(argv: Sequence[str]) -> str | None:
+    """The first `--config.<path>=...` of `argv` that names no field of the config file, as one
+    line naming it, the nearest valid names and where the fields are listed; None if all exist."""
+    import difflib
+
+    from essa_jax.config import load_config_file
+
+    path = _config_path(argv)
+    if path is None:
+        return None
+    try:
+        config = load_config_file(path)
+    except Exception:  # a broken config file: absl's own message says more
+        return None
+    for arg in argv:
+        if not arg.startswith("--config."):
+            continue
+        field = arg[len("--config.") :].split("=", 1)[0]
+        node, walked = config, []
+        for part in field.split("."):
+            keys = list(node.keys()) if hasattr(node, "keys") else []
+            if part not in keys:
+                where = "config" + "".join("." + w for w in walked)
+                near = difflib.get_close_matches(part, keys, n=3, cutoff=0.5)
+                hint = f"did you mean {' or '.join(map(repr, near))}? " if near else ""
+                return (
+                    f"--config.{field}: {where} has no field {part!r}; {hint}valid fields of "
+                    f"{where}: {', '.join(sorted(keys))} (all fields: essa_jax/config.py "
+                    "base_config)"
+                )
+            node = node[part]
+            walked.append(part)
+    return None
+
+
+def parse_flags(argv: list[str], flag_values: flags.FlagValues = flags.FLAGS) -> list[str]:
+    """absl's flag parsing, with a user's mistake on the command line (an unknown config field, a
+    value of the wrong type, a missing config file) ending in one line on stderr and exit 2."""
+    path = _config_path(argv)
+    if path is not None and not os.path.isfile(path):
+        # ml_collections would defer this to the first use of the config, as a traceback.
+        print(f"error: --config {path}: no such file (experiments/configs/*.py)", file=sys.stderr)
+        sys.exit(2)
+    try:
+        return flag_values(argv)
+    except Exception as e:  # ml_collections raises AttributeError / KeyError for unknown fields
+        message = unknown_override(argv) or " ".join(str(e).split())
+        print(f"error: {message}", file=sys.stderr)
+        sys.exit(2)
+
+
 def run() -> None:
     """Console-script entry point (`essa-jax`)."""
     _HOLDERS.update(define_flags())
-    app.run(main)
+    app.run(main, flags_parser=parse_flags)
 
 
 if __name__ == "__main__":

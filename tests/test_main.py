@@ -37,16 +37,16 @@ def test_valid_tiny_config_passes():
     validate_config(tiny(), num_devices=8)
 
 
-def test_mesh_data_divides_the_devices_and_no_model_axis():
+def test_mesh_data_and_model_divide_the_devices_and_heads():
     # The population axis takes the remaining devices and pads: any population size is valid.
     validate_config(tiny(**{"essa.population_size": 6}), num_devices=8)
     validate_config(tiny(**{"mesh.data": 4, "essa.population_size": 6}), num_devices=8)
     e = _error(tiny(**{"mesh.data": 3}), num_devices=8)
     assert e.field == "mesh.data" and "3" in str(e) and "[1, 2, 4, 8]" in str(e)
     assert _error(tiny(**{"mesh.data": 0}), num_devices=8).field == "mesh.data"
-    e = _error(tiny(**{"mesh.model": 2}), num_devices=8)
-    assert e.field == "mesh.model"
-    assert "valid values are 1 (a model axis is not implemented yet)" in str(e)
+    validate_config(tiny(**{"mesh.model": 2}), num_devices=8)  # tensor parallelism
+    e = _error(tiny(**{"mesh.model": 4}), num_devices=8)  # random:tiny has 2 KV heads
+    assert e.field == "mesh.model" and "valid values are [1, 2]" in str(e)
     assert "population_devices" not in tiny().essa
 
 
@@ -204,11 +204,44 @@ def cli(monkeypatch):
     return call
 
 
-def test_cli_unknown_field_is_refused(cli, tmp_path):
+@pytest.mark.parametrize(
+    "override, expected",
+    [
+        (
+            "--config.essa.popsize=3",
+            "--config.essa.popsize: config.essa has no field 'popsize'; did you mean "
+            "'population_size'?",
+        ),
+        ("--config.esa.generations=3", "config has no field 'esa'; did you mean 'essa'"),
+        ("--config.essa.population_size=abc", "invalid literal for int()"),
+    ],
+)
+def test_cli_bad_override_is_one_line_and_exit_2(override, expected, tmp_path, capsys):
+    from essa_jax import main as main_mod
+
     cfg = os.path.join(CONFIGS, "essa_smollm2_arith.py")
-    # ml_collections refuses the override while absl parses it (the real CLI prints the error).
-    with pytest.raises((flags.Error, AttributeError), match="popsize"):
-        cli(f"--config={cfg}", f"--workdir={tmp_path}", "--config.essa.popsize=3")
+    argv = ["essa_jax.main", f"--config={cfg}", f"--workdir={tmp_path}", override]
+    fv = flags.FlagValues()
+    main_mod.define_flags(fv, sys_argv=argv)
+    with pytest.raises(SystemExit) as exit_info:
+        main_mod.parse_flags(argv, fv)
+    assert exit_info.value.code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and expected in lines[0]
+
+
+def test_cli_missing_config_file_is_one_line(tmp_path, capsys):
+    from essa_jax import main as main_mod
+
+    argv = ["essa_jax.main", f"--config={tmp_path}/nope.py", f"--workdir={tmp_path}"]
+    fv = flags.FlagValues()
+    main_mod.define_flags(fv, sys_argv=argv)
+    with pytest.raises(SystemExit) as exit_info:
+        main_mod.parse_flags(argv, fv)
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.strip() == f"error: --config {tmp_path}/nope.py: no such " + (
+        "file (experiments/configs/*.py)"
+    )
 
 
 def test_cli_invalid_value_exits_2_before_loading(cli, tmp_path, capsys):
