@@ -140,7 +140,11 @@ def base_config() -> ml_collections.ConfigDict:
     # jax.device_count() / (data * model). A population that does not divide it is padded.
     c.mesh = ml_collections.ConfigDict()
     c.mesh.data = 1  # devices along the prompt (data) axis; must divide the device count
-    c.mesh.model = 1  # tensor-parallel axis, reserved: must be 1 (no sharded model yet)
+    # Tensor-parallel axis (Megatron-style, essa_jax.mesh.param_specs): the base weights and the KV
+    # cache's heads are split over this many devices in ESSA's population generation. data * model
+    # must divide the device count, and model must divide num_heads, num_kv_heads and
+    # intermediate_size (checked against the model's config.json, or right after loading).
+    c.mesh.model = 1
 
     c.grpo = ml_collections.ConfigDict()
     c.grpo.steps = 40
@@ -253,10 +257,26 @@ def peek_model_config(path: str):
         # GGUF header only: the reader memory-maps tensors, nothing is dequantised.
         import gguf
 
-        from essa_jax.models.loading import gguf_config
+        from essa_jax.models.loading import CheckpointError, gguf_config
 
-        return gguf_config(gguf.GGUFReader(str(resolved)))
+        try:
+            reader = gguf.GGUFReader(str(resolved))
+        except (ValueError, OSError) as e:  # not GGUF, or truncated
+            raise CheckpointError(
+                f"{resolved}: not a readable GGUF file ({e}); model.path takes a llama.cpp .gguf "
+                "file, a Hugging Face checkpoint directory (config.json + *.safetensors), "
+                "'smollm2-135m-instruct' or 'random:<preset>'"
+            ) from None
+        return gguf_config(reader)
     return None
+
+
+def _peek_or_none(path: str):
+    """`peek_model_config(path)`, or None when the shape cannot be read without the weights."""
+    try:
+        return peek_model_config(path)
+    except (FileNotFoundError, OSError, ValueError, ImportError):
+        return None
 
 
 def _check_choice(field: str, value: Any, choices: Sequence[Any]) -> None:
@@ -332,9 +352,10 @@ def check_task_config(task, *, check_paths: bool = True) -> None:
         )
 
 
-def _check_mesh(mesh, num_devices: int) -> None:
-    """`config.mesh` against the device count of all processes (essa_jax.mesh.make_mesh)."""
-    data, model = mesh.data, mesh.model
+def _check_mesh(mesh, num_devices: int, model_config: Any = None) -> None:
+    """`config.mesh` against the device count of all processes (essa_jax.mesh.make_mesh) and,
+    when known, the model's heads (`check_mesh_model`)."""
+    data = mesh.data
     if isinstance(data, bool) or not isinstance(data, int) or data < 1 or num_devices % data:
         divisors = [d for d in range(1, num_devices + 1) if num_devices % d == 0]
         raise ConfigError(
@@ -343,8 +364,31 @@ def _check_mesh(mesh, num_devices: int) -> None:
             f"divisors of the {num_devices} device(s) of all processes: {divisors}",
             "the population axis gets the remaining devices, device_count / mesh.data",
         )
-    if model != 1 or isinstance(model, bool):
-        raise ConfigError("mesh.model", model, "1 (a model axis is not implemented yet)")
+    check_mesh_model(mesh, num_devices, model_config)
+
+
+def check_mesh_model(mesh, num_devices: int, model_config: Any = None) -> None:
+    """`config.mesh.model` (tensor parallelism): an int >= 1 with data * model dividing the
+    `num_devices` of all processes and, when `model_config` is given (a `ModelConfig`, or any
+    object with num_heads / num_kv_heads / intermediate_size), dividing the model's heads and MLP
+    columns (`essa_jax.mesh.check_model_axis`). `validate_config` calls it with the model's
+    config.json when it can be read without the weights; the ESSA loop calls it again with the
+    loaded model's config, so a shape known only after loading fails with the same message."""
+    from essa_jax.mesh import model_axis_values
+
+    data, model = mesh.data, mesh.model
+    per_data = num_devices // data
+    valid = [m for m in range(1, per_data + 1) if per_data % m == 0]
+    about = f"divisors of the {num_devices} device(s) / mesh.data={data}"
+    if model_config is not None:
+        heads = model_axis_values(model_config)
+        valid = [m for m in valid if m in heads]
+        about += (
+            f" that divide num_heads={model_config.num_heads}, num_kv_heads="
+            f"{model_config.num_kv_heads} and intermediate_size={model_config.intermediate_size}"
+        )
+    if isinstance(model, bool) or not isinstance(model, int) or model not in valid:
+        raise ConfigError("mesh.model", model, f"{valid} ({about})")
 
 
 def validate_config(config, num_devices: int | None = None, *, model_config: Any = None) -> None:
@@ -420,7 +464,10 @@ def validate_config(config, num_devices: int | None = None, *, model_config: Any
     _check_positive("sft.learning_rate", config.sft.learning_rate)
 
     num_devices = _device_count() if num_devices is None else num_devices
-    _check_mesh(config.mesh, num_devices)
+    shape = model_config
+    if shape is None and config.mesh.model != 1:
+        shape = _peek_or_none(config.model.path)  # else checked after loading (ESSALoop)
+    _check_mesh(config.mesh, num_devices, shape)
     if config.method == "essa":
         e = config.essa
         from essa_jax.es import get_strategy  # noqa: F401 - import error names the missing package

@@ -60,6 +60,12 @@ def define_flags(
             "Require a checkpoint in --workdir and resume it.",
             flag_values=flag_values,
         ),
+        "verbose_errors": flags.DEFINE_bool(
+            "verbose_errors",
+            False,
+            "Show the traceback of an error in the config, checkpoint or data (default: one line).",
+            flag_values=flag_values,
+        ),
         "resume_auto": flags.DEFINE_bool(
             "resume_auto",
             True,
@@ -77,15 +83,23 @@ def run_from_flags(holders: dict[str, Any]) -> int:
     if config is None or not workdir:
         print("error: --config and --workdir are required", file=sys.stderr)
         return 2
+    from essa_jax.data.loading import MalformedRowError
+    from essa_jax.models import CheckpointError, UnsupportedModelError
+
+    # A user's input that cannot run (a field, a checkpoint, a data row): one line, exit 2. The
+    # traceback only with --verbose_errors, for reporting a bug.
+    user_errors = (ConfigError, CheckpointError, UnsupportedModelError, MalformedRowError)
+    resume = True if holders["resume"].value else (None if holders["resume_auto"].value else False)
     try:
         validate_config(config)  # fail in a second, before any weights are read
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    from essa_jax.train import train_and_evaluate
+        from essa_jax.train import train_and_evaluate
 
-    resume = True if holders["resume"].value else (None if holders["resume_auto"].value else False)
-    train_and_evaluate(config, os.path.expanduser(workdir), resume=resume)
+        train_and_evaluate(config, os.path.expanduser(workdir), resume=resume)
+    except user_errors as e:
+        if holders.get("verbose_errors") is not None and holders["verbose_errors"].value:
+            raise
+        print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -7,8 +7,16 @@ steps) runs on a mesh built by `make_mesh`, with the same three axis names (docs
 - ``pop``: ESSA population members. ESSA distributes candidates, not weights (arXiv 2507.04453,
   Sec. 3): each device generates for its slice of members against shared base weights;
 - ``data``: prompts (a member's mini-batch, or a GRPO batch);
-- ``model``: tensor parallelism over heads / MLP columns; size 1 until a sharded model exists
-  (`config.mesh.model` rejects anything else).
+- ``model``: tensor parallelism (Megatron-style, Shoeybi et al. 2019, arXiv 1909.08053): the base
+  weights and the KV cache's heads are split over it by `param_specs` (the one sharding vocabulary
+  of model weights) and placed with `place_params`.
+
+Why tensor parallelism and not FSDP for the model axis: this library's hot path is decoding
+(population generation, held-out evaluation), and a decode step is weight-bandwidth bound (every
+step reads every weight once for a handful of tokens per row). FSDP would all-gather each layer's
+weights at every decode step, moving the whole model over the interconnect per token; TP keeps
+each device reading only its 1/model shard of the weights and of the KV cache, at the cost of one
+all-reduce of the activations `[rows, d]` after attention and one after the MLP per layer.
 
 Axis types are Auto (sharding propagation decides the layout of intermediate values; the
 population program fixes its own with shard_map). The device order is `jax.devices()`' (process-
@@ -23,6 +31,7 @@ B by ``data``) to waste nothing.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -115,3 +124,120 @@ def place(tree: Any, mesh: Mesh, spec: PartitionSpec | None = None) -> Any:
         return jax.make_array_from_callback(host.shape, sharding, lambda idx: host[idx])
 
     return jax.tree.map(put, tree)
+
+
+# -- model weights over the model axis ------------------------------------------------------------
+#
+# Kernels are [L, in, out] (stacked layers; `essa_jax.models.transformer`'s params layout).
+# Column-parallel (output features split: each device computes its heads / MLP columns):
+_COLUMN_PARALLEL = ("q", "k", "v", "gate", "up")
+# Row-parallel (input features split: each device's partial product, summed by one all-reduce):
+_ROW_PARALLEL = ("o", "down")
+
+
+def model_axis_values(model_config: Any, num_devices: int | None = None) -> list[int]:
+    """The valid sizes of the ``model`` axis for a model: the common divisors of num_heads,
+    num_kv_heads and intermediate_size (and of `num_devices` when given).
+
+    `model_config` is duck-typed (any object with those fields, e.g. `models.ModelConfig`): this
+    module is layer 0 and imports no model code.
+    """
+    n = math.gcd(
+        int(model_config.num_heads),
+        int(model_config.num_kv_heads),
+        int(model_config.intermediate_size),
+    )
+    if num_devices is not None:
+        n = math.gcd(n, int(num_devices))
+    return [m for m in range(1, n + 1) if n % m == 0]
+
+
+def check_model_axis(model_config: Any, model: int) -> None:
+    """Raise ValueError unless `model` devices can split this model's heads and MLP columns.
+
+    Each device holds num_heads / model query heads, num_kv_heads / model KV heads (their query
+    groups with them: query head j reads KV head j // (num_heads / num_kv_heads), so contiguous
+    blocks of both stay together) and intermediate_size / model MLP columns. KV heads are never
+    replicated: model must divide num_kv_heads too, so every device's KV cache is exactly 1/model
+    of it (GQA models with few KV heads, e.g. Qwen2.5-7B's 4, cap the axis there).
+    """
+    valid = model_axis_values(model_config)
+    if isinstance(model, bool) or not isinstance(model, int) or model not in valid:
+        raise ValueError(
+            f"mesh.model={model!r} does not divide the model's heads: num_heads="
+            f"{model_config.num_heads}, num_kv_heads={model_config.num_kv_heads}, "
+            f"intermediate_size={model_config.intermediate_size}; valid mesh.model values: {valid}"
+        )
+
+
+def _leaf_spec(names: tuple[str, ...], ndim: int, model_config: Any, model: int) -> PartitionSpec:
+    """The spec of one params leaf from its path of dict keys (see `param_specs`)."""
+    if model == 1:
+        return PartitionSpec()
+    m = MODEL_AXIS
+    if names == ("embed",):
+        # [V, d]: vocabulary-parallel (Megatron's VocabParallelEmbedding): the lookup is a local
+        # masked gather plus one all-reduce of [rows, d]; tied, its transpose is the
+        # column-parallel output head. A vocabulary the axis does not divide splits d instead.
+        if model_config.vocab_size % model == 0:
+            return PartitionSpec(m, None)
+        return PartitionSpec(None, m) if model_config.hidden_size % model == 0 else PartitionSpec()
+    if names == ("lm_head", "kernel"):
+        # [d, V]: column-parallel over the vocabulary (logits come out split over V).
+        if model_config.vocab_size % model == 0:
+            return PartitionSpec(None, m)
+        return PartitionSpec(m, None) if model_config.hidden_size % model == 0 else PartitionSpec()
+    if len(names) == 3 and names[0] == "layers":
+        proj, kind = names[1], names[2]
+        if proj in _COLUMN_PARALLEL and kind == "kernel":
+            return PartitionSpec(*([None] * (ndim - 1)), m)  # [L, in, out/model]
+        if proj in _COLUMN_PARALLEL and kind == "bias":
+            return PartitionSpec(*([None] * (ndim - 1)), m)  # [L, out/model]
+        if proj in _ROW_PARALLEL and kind == "kernel":
+            return PartitionSpec(*([None] * (ndim - 2)), m, None)  # [L, in/model, out]
+    # Norms (and row-parallel biases, which this architecture has none of): replicated.
+    return PartitionSpec()
+
+
+def param_specs(params: Any, model_config: Any, model: int) -> Any:
+    """The `PartitionSpec` of every leaf of a params pytree for a ``model`` axis of `model` devices.
+
+    The one sharding vocabulary of model weights (Megatron-style tensor parallelism, Shoeybi et
+    al. 2019, arXiv 1909.08053, Sec. 3):
+
+    | leaf | shape | spec |
+    |---|---|---|
+    | embed | [V, d] | (model, None): vocabulary-parallel |
+    | layers.{q,k,v,gate,up}.kernel | [L, d, out] | (None, None, model): column-parallel |
+    | layers.{q,k,v}.bias | [L, out] | (None, model) |
+    | layers.{o,down}.kernel | [L, in, d] | (None, model, None): row-parallel |
+    | lm_head.kernel | [d, V] | (None, model): column-parallel over V |
+    | norms | [L, d], [d] | replicated |
+
+    (A vocabulary that `model` does not divide splits the embedding / lm_head over d instead.)
+    Leaves may be arrays or `jax.ShapeDtypeStruct`s; `model` = 1 gives replicated specs.
+    Raises ValueError (`check_model_axis`) when `model` does not divide the heads.
+    """
+    if model != 1:
+        check_model_axis(model_config, model)
+
+    def spec(path: tuple, leaf: Any) -> PartitionSpec:
+        names = tuple(str(getattr(k, "key", getattr(k, "name", k))) for k in path)
+        return _leaf_spec(names, len(leaf.shape), model_config, model)
+
+    return jax.tree_util.tree_map_with_path(spec, params)
+
+
+def place_params(params: Any, mesh: Mesh, model_config: Any) -> Any:
+    """Base weights on `mesh`, split over its ``model`` axis by `param_specs` and replicated over
+    ``pop`` and ``data``; abstract leaves (`jax.ShapeDtypeStruct`) get the same shardings (for
+    lowering a program ahead of time). Multi-process like `place`: each process fills its own
+    devices' shards from its identical host copy."""
+    specs = param_specs(params, model_config, axis_size(mesh, MODEL_AXIS))
+
+    def put(x: Any, spec: PartitionSpec) -> Any:
+        if isinstance(x, jax.ShapeDtypeStruct):
+            return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=NamedSharding(mesh, spec))
+        return place(x, mesh, spec)
+
+    return jax.tree.map(put, params, specs)

@@ -298,8 +298,11 @@ def load_gguf(path: str | Path, dtype: Any = jnp.float32) -> tuple[ModelConfig, 
     path = Path(path)
     try:
         reader = gguf.GGUFReader(str(path))
-    except (ValueError, OSError) as e:
-        raise CheckpointError(f"cannot read GGUF file {path}: {e}") from e
+    except (ValueError, OSError) as e:  # not GGUF, or truncated
+        raise CheckpointError(
+            f"{path}: not a readable GGUF file ({e}); expected a llama.cpp .gguf file or a Hugging "
+            "Face checkpoint directory (config.json + *.safetensors)"
+        ) from None
     config = gguf_config(reader)
     arch = _gguf_value(reader, "general.architecture")
     by_name = {t.name: t for t in reader.tensors}
@@ -309,7 +312,12 @@ def load_gguf(path: str | Path, dtype: Any = jnp.float32) -> tuple[ModelConfig, 
             raise CheckpointError(f"{path}: tensor {name!r} is missing from the GGUF file")
         t = by_name[name]
         # dequantize returns numpy's row-major shape, i.e. the reversed GGML dims = HF [out, in].
-        return gguf.quants.dequantize(t.data, t.tensor_type)
+        try:
+            return gguf.quants.dequantize(t.data, t.tensor_type)
+        except (ValueError, NotImplementedError) as e:
+            raise CheckpointError(
+                f"{path}: tensor {name!r} ({t.tensor_type.name}) cannot be decoded: {e}"
+            ) from None
 
     def fix_layer(key: str, w: np.ndarray) -> np.ndarray:
         if arch != "llama":

@@ -23,10 +23,13 @@ SPECIAL_TOKENS = ("<pad>", "<|im_start|>", "<|im_end|>")
 _CHARS = string.printable[:95] + "\n"  # digits, letters, punctuation, space, newline
 CHAR_VOCAB = len(SPECIAL_TOKENS) + len(_CHARS)  # 99
 
-# name -> (hidden, intermediate, layers, heads, kv_heads, head_dim)
+# name -> (hidden, intermediate, layers, heads, kv_heads, head_dim[, attention_bias])
 TINY_PRESETS = {
     "tiny": (32, 64, 2, 4, 2, 8),
     "small": (64, 128, 4, 4, 2, 16),
+    # Grouped-query attention with q/k/v biases (Qwen2-like) whose heads (16 / 8 KV), MLP columns
+    # and vocabulary every model axis of 1, 2, 4 or 8 devices divides: the tensor-parallel tests'.
+    "tp": (32, 64, 2, 16, 8, 2, True),
 }
 
 
@@ -34,7 +37,7 @@ def tiny_model_config(preset: str) -> ModelConfig:
     """ModelConfig of a preset (vocab = the char tokenizer's, padded to 128)."""
     if preset not in TINY_PRESETS:
         raise ValueError(f"unknown tiny preset {preset!r}; valid presets: {sorted(TINY_PRESETS)}")
-    d, i, n_layers, heads, kv, hd = TINY_PRESETS[preset]
+    d, i, n_layers, heads, kv, hd, *bias = TINY_PRESETS[preset]
     return ModelConfig(
         vocab_size=128,
         hidden_size=d,
@@ -45,6 +48,7 @@ def tiny_model_config(preset: str) -> ModelConfig:
         head_dim=hd,
         rope_theta=10000.0,
         tie_embeddings=True,
+        attention_bias=bool(bias and bias[0]),
         max_position_embeddings=512,
         bos_token_id=1,
         eos_token_ids=(2,),

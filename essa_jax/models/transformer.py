@@ -16,6 +16,14 @@ LoRA hook: `lora = {target: adapter}`; every array leaf of an adapter has a lead
 is scanned with the layer params; projection `target` of layer l computes
 `y = x @ kernel (+ bias) + adapter_l.delta(x)`. A fused key ("qkv", "gate_up"; see
 FUSED_LORA_TARGETS) holds one adapter for projections of the same input, its delta split over them.
+
+Tensor parallelism (docs/ARCHITECTURE.md, "Tensor parallelism"): with params placed by
+`essa_jax.mesh.place_params` (heads / MLP columns split over the mesh's Auto ``model`` axis), XLA
+propagates the weights' shardings through these functions unchanged: the q/k/v column split gives
+head-split attention and a head-split KV cache (Hkv is a multiple of the axis), o / down are
+row-parallel (one all-reduce each per layer). No sharding constraint is needed here (checked in
+tests/models/test_tensor_parallel.py against the compiled HLO and per-device bytes), so the code
+is the same with or without a mesh.
 """
 
 from __future__ import annotations

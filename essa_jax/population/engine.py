@@ -8,8 +8,11 @@ singular values, so a layer computes
     y = x W + scale * ((((x V_A) * s_A[row]) M) * s_B[row]) U_B^T
 
 for all rows at once: no per-member weight matrix, no Python loop over members. Across devices,
-`jax.shard_map` over the (pop, data, model) mesh of `essa_jax.mesh` gives each device a slice of
-members and prompts; params and basis are replicated (placed once with `essa_jax.mesh.place`).
+`jax.shard_map` over the (pop, data) axes of the mesh of `essa_jax.mesh` gives each group of
+devices a slice of members and prompts. The ``model`` axis stays Auto inside (a partially-manual
+shard_map): the base weights, placed once with `essa_jax.mesh.place_params`, stay split over it
+(tensor parallelism; XLA partitions each shard's program from the weights' shardings, so the KV
+cache's heads are split too) and replicated over (pop, data); the SVD basis is replicated.
 
 Decoding runs as one flat batch of P*B rows through `essa_jax.models.generate`, greedy (ESSA's
 default, also Qiu et al. 2025) or sampled. Sampling passes one PRNG key per row,
@@ -90,6 +93,9 @@ def _run(body, mesh: Mesh | None, params, basis, genomes, tokens, mask, key, kee
             mesh=mesh,
             in_specs=(P(), P(), P(POP_AXIS), rows, rows, P(POP_AXIS), P(DATA_AXIS), P()),
             out_specs=rows,
+            # Manual over (pop, data) only: ``model`` stays Auto in the body, so params split over
+            # it (`mesh.place_params`) stay split and XLA partitions the model over it (TP).
+            axis_names=frozenset({POP_AXIS, DATA_AXIS}),
             # The model allocates its KV cache with jnp.zeros (mesh-invariant) and then writes
             # per-shard values into it inside scan / while_loop; vma checking rejects that carry.
             check_vma=False,
@@ -134,7 +140,8 @@ def population_forward(
       genomes: `[P, D]` offsets to the SFT singular values (zero = SFT adapter).
       tokens: `[B, T]` shared by all members, or `[P, B, T]` per member; left-padded.
       attention_mask: same shape as tokens (1 = real token); default all ones.
-      mesh: optional mesh of `essa_jax.mesh.make_mesh`.
+      mesh: optional mesh of `essa_jax.mesh.make_mesh`; with a ``model`` axis > 1, params
+        placed by `essa_jax.mesh.place_params` run tensor-parallel over it.
     """
     _check_inputs(layout, genomes, tokens)
     tokens = jnp.asarray(tokens, jnp.int32)
@@ -280,6 +287,9 @@ def population_generate(
       key: PRNG key (typed, or raw uint32 [2] data); row (member i, prompt j) samples with
         fold_in(fold_in(key, i), j), so the samples do not depend on the mesh. Unused when greedy.
       mesh: optional mesh of `essa_jax.mesh.make_mesh`; P and B need not divide it (padding).
+        With a ``model`` axis > 1, params placed by `essa_jax.mesh.place_params` (split over it)
+        run tensor-parallel; replicated params run replicated over it (each model shard then
+        computes the same rows).
       keep_padding: return the rows padded to the mesh, [P_pad, B_pad, ...], as they lie on it.
       rows_per_chunk: each device generates its (P_pad / pop) * (B_pad / data) rows in chunks of
         at most this many (one chunk's KV cache live at a time; `models.generate_chunked`);

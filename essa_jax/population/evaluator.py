@@ -7,9 +7,11 @@ ESSA's fitness of a candidate is its mean reward on a mini-batch of training pro
 (docs/ARCHITECTURE.md, "The path of a genome"):
 
 1. the mesh (`essa_jax.mesh.make_mesh`, over every process's devices) and the base weights placed
-   on it once;
+   on it once (`essa_jax.mesh.place_params`: split over its ``model`` axis, tensor parallelism,
+   replicated over ``pop`` and ``data``);
 2. one compiled generation program for all P x B rows (`population_generate`), sharded over the
-   mesh's ``pop`` and ``data`` axes, padded by the one padding rule of `essa_jax.mesh`;
+   mesh's ``pop`` and ``data`` axes (and tensor-parallel over ``model``), padded by the one
+   padding rule of `essa_jax.mesh`;
 3. the host side: each process reads back only the rows its own devices generated (no tokens cross
    process boundaries), and scores them with the `score` callback (`text_reward` wraps a task's
    reward function: decode, then `reward_fn(prompts, completions, **fields)`);
@@ -45,7 +47,15 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from essa_jax.lora.svd import GenomeLayout, SVDBasis
 from essa_jax.memory import choose_rows_per_chunk, device_memory_bytes, tree_bytes
-from essa_jax.mesh import DATA_AXIS, POP_AXIS, axis_size, padded_size, place
+from essa_jax.mesh import (
+    DATA_AXIS,
+    MODEL_AXIS,
+    POP_AXIS,
+    axis_size,
+    padded_size,
+    place,
+    place_params,
+)
 from essa_jax.models import Generation, decode_completions
 from essa_jax.population.engine import population_generate
 
@@ -204,7 +214,8 @@ class PopulationEvaluator:
     state and key); it returns the identical evaluation everywhere.
 
     Args:
-      params: base weights (placed on the mesh once, replicated).
+      params: base weights (placed on the mesh once by `essa_jax.mesh.place_params`: split over
+        its ``model`` axis, replicated over the others).
       model_config: the model's `ModelConfig`.
       layout: the genome layout of the SVD adapters.
       mesh: a mesh of `essa_jax.mesh.make_mesh` (None: one device, no shard_map).
@@ -255,7 +266,7 @@ class PopulationEvaluator:
             top_p=top_p,
             eos_token_ids=None if eos_token_ids is None else tuple(eos_token_ids),
         )
-        self.params = _on_mesh(params, mesh)
+        self.params = params if mesh is None else place_params(params, mesh, model_config)
 
     def _inputs(self, basis: SVDBasis, genomes: Any, batch: PromptBatch, key: jax.Array):
         """The program's arguments, as global arrays on the mesh (replicated: the program pads
@@ -305,9 +316,10 @@ class PopulationEvaluator:
         """The chunk the program uses for these inputs (arrays or `jax.ShapeDtypeStruct`s): the
         constructor's `rows_per_chunk` if > 0; else the largest chunk that
         `essa_jax.memory.choose_rows_per_chunk` fits in `device_memory_bytes` next to the
-        weights and the basis (all the device's rows when they fit); 0 (no chunking) when the
-        device memory is unknown (CPU). Raises ValueError naming essa.rows_per_chunk when not
-        even one row fits."""
+        device's shard of the weights and the basis, with a row's KV cache and activations
+        divided over the ``model`` axis (all the device's rows when they fit); 0 (no chunking)
+        when the device memory is unknown (CPU). Raises ValueError naming essa.rows_per_chunk
+        when not even one row fits."""
         if self.rows_per_chunk:
             return self.rows_per_chunk
         memory = self.device_memory_bytes
@@ -326,8 +338,9 @@ class PopulationEvaluator:
             max_new_tokens=self.settings["max_new_tokens"],
             cache_dtype=dtype,
             device_memory_bytes=memory,
-            reserved_bytes=tree_bytes(self.params) + tree_bytes(basis),
+            reserved_bytes=tree_bytes(self.params, per_device=True) + tree_bytes(basis),
             setting="essa.rows_per_chunk",
+            model_shards=axis_size(self.mesh, MODEL_AXIS),
         )
 
     def generate(self, basis: SVDBasis, genomes: Any, batch: PromptBatch, key: jax.Array):

@@ -28,6 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from essa_jax import lora as lora_lib
+from essa_jax.config import check_mesh_model
 from essa_jax.es import get_strategy
 from essa_jax.mesh import make_mesh
 from essa_jax.population import PopulationEvaluator, PromptBatch, essa_generation, text_reward
@@ -101,7 +102,10 @@ class ESSALoop:
             **strategy_kwargs(c.essa, STRATEGIES[c.essa.strategy]),
         )
         # One mesh over every process's devices: each device generates its members' rows, each
-        # process scores its own rows, and only per-row rewards travel (essa_jax.population).
+        # process scores its own rows, and only per-row rewards travel (essa_jax.population). The
+        # weights are split over its model axis (tensor parallelism, essa_jax.mesh.param_specs);
+        # a checkpoint whose shape validate_config could not read is checked here, once loaded.
+        check_mesh_model(c.mesh, jax.device_count(), run.model_config)
         self.mesh = make_mesh(data=c.mesh.data, model=c.mesh.model)
         self.evaluator = PopulationEvaluator(
             run.params,
