@@ -98,7 +98,10 @@ class GRPOConfig:
         recomputing them with a teacher-forced forward pass (see trainer docs).
       micro_batch_size: rollouts per gradient micro-batch inside one update (gradient
         accumulation, the same update; `GRPOTrainer.loss_and_grad`); 0 = the whole mini-batch.
-        Must divide the mini-batch (rollouts per step / num_minibatches).
+        It counts rows *per device*: data-parallel over a mesh's ``data`` axis of size d, each
+        device holds ceil(mini-batch / d) rollouts of a mini-batch and accumulates over its own
+        micro-batches (one device's activations bound, whatever d). Must divide those rows (on
+        one device: the mini-batch, rollouts per step / num_minibatches).
       remat: checkpoint each decoder layer in the training and scoring passes (`jax.checkpoint`;
         the same values, less memory, about one more forward pass of compute).
       rows_per_chunk: rollouts generated at once (`models.generate_chunked`: one chunk's KV cache
@@ -205,8 +208,9 @@ class GRPOConfig:
         """Dr.GRPO's constant length normaliser."""
         return self.max_len if self.max_len is not None else self.max_new_tokens
 
-    def check_batch(self, num_rollouts: int) -> None:
-        """Raise if `num_rollouts` is not divisible by group_size and num_minibatches."""
+    def check_batch(self, num_rollouts: int, data: int = 1) -> None:
+        """Raise if `num_rollouts` is not divisible by group_size and num_minibatches, or if
+        micro_batch_size does not divide the rows each of `data` devices holds of a mini-batch."""
         if num_rollouts % self.group_size:
             raise ValueError(
                 f"{num_rollouts} rollouts are not a whole number of groups of "
@@ -217,12 +221,20 @@ class GRPOConfig:
                 f"GRPOConfig.num_minibatches={self.num_minibatches} must divide the number of "
                 f"rollouts per step ({num_rollouts} = prompts x group_size)"
             )
-        self.check_micro_batch(num_rollouts // self.num_minibatches)
+        self.check_micro_batch(num_rollouts // self.num_minibatches, data)
 
-    def check_micro_batch(self, minibatch: int) -> None:
-        """Raise GRPOConfigError unless micro_batch_size is 0 or divides `minibatch` rollouts."""
-        if self.micro_batch_size and minibatch % self.micro_batch_size:
-            raise GRPOConfigError(
-                "micro_batch_size", self.micro_batch_size,
-                f"0 or a divisor of the {minibatch} rollouts of a mini-batch",
-            )  # fmt: skip
+    def check_micro_batch(self, minibatch: int, data: int = 1) -> None:
+        """Raise GRPOConfigError unless micro_batch_size is 0 or divides the rollouts each of
+        `data` devices holds of a `minibatch` (ceil(minibatch / data): the mini-batch is padded
+        to the data axis, `essa_jax.mesh.pad_to`)."""
+        per_device = -(-minibatch // data)
+        if self.micro_batch_size and per_device % self.micro_batch_size:
+            if data == 1:
+                valid = f"0 or a divisor of the {minibatch} rollouts of a mini-batch"
+            else:
+                valid = (
+                    f"0 or a divisor of the {per_device} rollouts each of the data={data} "
+                    f"devices holds of a mini-batch of {minibatch} (micro_batch_size counts rows "
+                    "per device)"
+                )
+            raise GRPOConfigError("micro_batch_size", self.micro_batch_size, valid)

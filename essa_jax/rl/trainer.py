@@ -28,6 +28,16 @@ so old_logp = stop_gradient(logp) and the extra forward pass is skipped (as TRL 
 
 State = `GRPOState(params, opt_state, step, key)`, a pytree: checkpoint it and a resumed run is
 bit-identical. Rewards are maximised; the loss is minimised.
+
+Data parallelism (`mesh=`, docs/ARCHITECTURE.md, "Data-parallel GRPO and SFT"): on a mesh of
+`essa_jax.mesh.make_mesh(pop=1, data=d, model=m)` over every process's devices, the rollouts,
+scoring passes and updates run as `jax.shard_map` over ``data`` (``model`` stays Auto): each device
+generates, scores and differentiates its block of rows, the trainable / optimiser state stay
+replicated, and one psum per update adds the gradients. Row r samples with fold_in(key, r)
+whatever the layout, so 1 device, d devices and several processes draw the same rollouts. Each
+process reads back and rewards only its own rows; the per-row rewards, lengths and finished flags
+are all-gathered, so every process computes the same advantages and the same update. Without a
+mesh (the default) everything runs as before on one device.
 """
 
 from __future__ import annotations
@@ -41,8 +51,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from essa_jax.lora.adapter import master_weights
+from essa_jax.mesh import DATA_AXIS, axis_size, pad_to, padded_size, place
 from essa_jax.models.config import ModelConfig
 from essa_jax.models.generate import Generation, generate, generate_chunked
 from essa_jax.models.logprobs import sequence_logprobs
@@ -138,6 +151,92 @@ def _split_completion(lp: jax.Array, num_new: int) -> jax.Array:
     return lp[:, lp.shape[1] - num_new :]
 
 
+# ----------------------------------------------------------------------------- data parallelism
+
+
+def place_base(params: Any, mesh: Mesh, model_config: ModelConfig) -> Any:
+    """Base weights on `mesh` for the data-parallel GRPO / SFT programs, once per run.
+
+    Replicated over every device for now (`essa_jax.mesh.place`); the one line to change for
+    weights split over the ``model`` axis is the return below (`mesh.place_params(params, mesh,
+    model_config)`): the programs keep ``model`` Auto, so they take either layout.
+    """
+    del model_config  # used by place_params
+    return place(params, mesh)
+
+
+def on_mesh(tree: Any, mesh: Mesh) -> Any:
+    """`tree` as global arrays on `mesh`: leaves already spread over exactly the mesh's devices
+    (replicated, or split over ``model`` by `place_base`) are kept, others are placed replicated
+    (`mesh.place`: every process holds them identically, nothing travels)."""
+    devices = set(mesh.devices.flat)
+
+    def put(x: Any) -> Any:
+        if isinstance(x, jax.Array) and x.sharding.device_set == devices:
+            return x
+        return place(x, mesh)
+
+    return jax.tree.map(put, tree)
+
+
+def row_keys(key: jax.Array, num_rows: int) -> jax.Array:
+    """Raw per-row sampling keys uint32 [R, 2]: row r gets fold_in(key, r), the keys of
+    `models.generate_chunked`, so a row's tokens depend neither on the chunk nor on the device
+    (or process) that generates it."""
+    if not jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
+        key = jax.random.wrap_key_data(key)
+    keys = jax.vmap(jax.random.fold_in, (None, 0))(key, jnp.arange(num_rows, dtype=jnp.int32))
+    return jax.random.key_data(keys)
+
+
+def local_rows(gen: Generation, num_rows: int) -> tuple[np.ndarray, Generation]:
+    """The rows of a data-sharded generation [R_pad, ...] that this process's devices hold.
+
+    Returns (row indices [n] ascending, the `Generation` of those rows as numpy): one block per
+    replica-0 shard (a block held on several devices, e.g. over ``model``, is read once), clipped
+    to the R real rows (padding rows are dropped). Like `population.evaluator._local_blocks`.
+    """
+    names = ("tokens", "lengths", "logprobs", "mask", "finished")
+    blocks = []
+    for group in zip(*(getattr(gen, n).addressable_shards for n in names), strict=True):
+        if group[0].replica_id != 0:
+            continue
+        r0, r1, _ = group[0].index[0].indices(gen.lengths.shape[0])
+        r1 = min(r1, num_rows)
+        if r0 < r1:
+            blocks.append((r0, [np.asarray(sh.data)[: r1 - r0] for sh in group]))
+    blocks.sort(key=lambda b: b[0])
+    if not blocks:  # this process's devices hold padding only
+        rows = np.zeros(0, np.int64)
+        fields = [np.zeros((0,) + getattr(gen, n).shape[1:], getattr(gen, n).dtype) for n in names]
+    else:
+        rows = np.concatenate([np.arange(r0, r0 + len(d[1])) for r0, d in blocks])
+        fields = [np.concatenate([d[i] for _, d in blocks]) for i in range(len(names))]
+    return rows, Generation(**dict(zip(names, fields, strict=True)))
+
+
+def allgather_rows(values: np.ndarray, rows: np.ndarray, num_rows: int) -> np.ndarray:
+    """Per-row values [k, n] of this process's `rows` -> [k, R] for every row, on every process.
+
+    Each row is filled by exactly one process (its replica-0 holder); a few floats per rollout
+    cross processes (`multihost_utils.process_allgather`), never tokens. Like
+    `population.evaluator._allgather_owned`.
+    """
+    grid = np.zeros((values.shape[0] + 1, num_rows), np.float32)
+    grid[:-1, rows] = values
+    grid[-1, rows] = 1.0
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        every = np.asarray(multihost_utils.process_allgather(grid, tiled=False))
+    else:
+        every = grid[None]
+    owned = every[:, -1:] > 0
+    if not np.all(owned.sum(axis=0) == 1):
+        raise RuntimeError("rollout rows were rewarded by none or several processes")
+    return np.where(owned, every[:, :-1], 0.0).sum(axis=0)
+
+
 class GRPOTrainer:
     """Compiled GRPO-family step for one model config, `GRPOConfig` and parameterisation.
 
@@ -152,6 +251,11 @@ class GRPOTrainer:
       decode: token ids -> text of a completion (EOS already stripped).
       optimizer: optax transformation; default `make_optimizer(cfg)`.
       eos_token_ids: end-of-sequence ids for generation (default: the model config's).
+      mesh: run data-parallel over this mesh's ``data`` axis (`essa_jax.mesh.make_mesh(pop=1,
+        data=d, model=m)`, every process's devices; see the module docstring); None = one
+        device, as before. With a mesh, `rollout`, `score` and `update_step` are the sharded
+        programs (rows sharded over ``data``, padded to it by `essa_jax.mesh.pad_to`), and
+        `update_step` takes `num_rows` (static: the real rows of the batch, the rest padding).
     """
 
     def __init__(
@@ -164,6 +268,7 @@ class GRPOTrainer:
         decode: Callable[[list[int]], str],
         optimizer: optax.GradientTransformation | None = None,
         eos_token_ids: Sequence[int] | None = None,
+        mesh: Mesh | None = None,
     ):
         self.model_config = model_config
         self.cfg = cfg
@@ -174,10 +279,21 @@ class GRPOTrainer:
         self.eos_token_ids = tuple(
             model_config.eos_token_ids if eos_token_ids is None else eos_token_ids
         )
-        self.rollout = jax.jit(self._rollout)
-        self.score = jax.jit(self._score, static_argnames=("with_policy", "with_ref"))
+        self.mesh = mesh
+        self.data = axis_size(mesh, DATA_AXIS)
+        score_static = ("with_policy", "with_ref")
         # No buffer donation: a caller may keep the old state (e.g. to retry or compare a step).
-        self.update_step = jax.jit(self._update_step)
+        if mesh is None:
+            self.rollout = jax.jit(self._rollout)
+            self.score = jax.jit(self._score, static_argnames=score_static)
+            self.update_step = jax.jit(self._update_step)
+        else:
+            self.rollout = jax.jit(self._rollout_sharded)
+            self.score = jax.jit(self._score_sharded, static_argnames=score_static)
+            self.update_step = jax.jit(self._update_step_sharded, static_argnames=("num_rows",))
+            rows = NamedSharding(mesh, P(DATA_AXIS))
+            self._assemble = jax.jit(self._assemble_batch, out_shardings=rows)
+            self._take = jax.jit(self._take_rows, out_shardings=rows)
 
     # -- state
 
@@ -351,6 +467,190 @@ class GRPOTrainer:
         }
         return trainable, opt_state, metrics
 
+    # -- data-parallel pieces (a mesh was given)
+
+    def _shard(self, body: Callable, in_specs: tuple, out_specs: Any) -> Callable:
+        """`body` once per block of rows: `jax.shard_map` over ``data`` alone, so ``model`` stays
+        Auto (base weights split over it stay split, as in `population.engine`)."""
+        return jax.shard_map(
+            body,
+            mesh=self.mesh,
+            in_specs=in_specs,
+            out_specs=out_specs,
+            axis_names=frozenset({DATA_AXIS}),
+            # generate writes per-shard values into a jnp.zeros KV cache inside while_loop, which
+            # vma checking rejects (as in population.engine); the bodies' collectives are explicit.
+            check_vma=False,
+        )
+
+    def _rollout_sharded(
+        self,
+        policy: FrozenPolicy,
+        trainable: Any,
+        prompt_tokens: jax.Array,
+        prompt_mask: jax.Array,
+        key: jax.Array,
+    ) -> Generation:
+        """`_rollout` over the mesh: rows [R_pad] sharded over ``data`` (R = P * group_size, groups
+        contiguous, padded to the axis with copies of row 0: `mesh.pad_to`).
+
+        Row r samples with fold_in(key, r) (`row_keys`) whatever the device or process that
+        generates it; each device runs its rows in chunks of cfg.rows_per_chunk (0 = at once).
+        Nothing crosses devices: the decode loop of each device stops when its own rows are done.
+        """
+        cfg = self.cfg
+        tokens = jnp.repeat(prompt_tokens, cfg.group_size, axis=0)
+        mask = jnp.repeat(prompt_mask, cfg.group_size, axis=0)
+        padded = padded_size(tokens.shape[0], self.data)
+        keys = row_keys(key, tokens.shape[0])
+        tokens, mask, keys = (pad_to(x, padded, 0) for x in (tokens, mask, keys))
+
+        def body(policy, trainable, tokens, mask, keys):
+            return generate_chunked(
+                policy.base,
+                self.model_config,
+                tokens,
+                mask,
+                keys,
+                rows_per_chunk=cfg.rows_per_chunk,
+                max_new_tokens=cfg.max_new_tokens,
+                temperature=cfg.temperature,
+                top_k=cfg.top_k,
+                top_p=cfg.top_p,
+                lora=self.to_lora(trainable, policy.adapter),
+                eos_token_ids=self.eos_token_ids,
+            )
+
+        rows = P(DATA_AXIS)
+        return self._shard(body, (P(), P(), rows, rows, rows), rows)(
+            policy, trainable, tokens, mask, keys
+        )
+
+    def _score_sharded(
+        self,
+        policy: FrozenPolicy,
+        trainable: Any,
+        tokens: jax.Array,
+        attention_mask: jax.Array,
+        with_policy: bool = True,
+        with_ref: bool = False,
+    ) -> tuple[jax.Array | None, jax.Array | None]:
+        """`_score` of data-sharded rows [B_pad, T], each device scoring its own block."""
+
+        def body(policy, trainable, tokens, attention_mask):
+            return self._score(policy, trainable, tokens, attention_mask, with_policy, with_ref)
+
+        rows = P(DATA_AXIS)
+        return self._shard(body, (P(), P(), rows, rows), (rows, rows))(
+            policy, trainable, tokens, attention_mask
+        )
+
+    def _update_step_sharded(
+        self,
+        policy: FrozenPolicy,
+        trainable: Any,
+        opt_state: Any,
+        batch: RolloutBatch,
+        num_rows: int | None = None,
+    ) -> tuple[Any, Any, dict[str, jax.Array]]:
+        """`_update_step` on a mini-batch of B_pad rows sharded over ``data``; rows >= num_rows
+        (static; None = none) are padding with completion_mask and advantages 0.
+
+        Each device accumulates over its own micro-batches of cfg.micro_batch_size rows (0 = all
+        its rows), and one psum adds the weighted gradients. The d x n micro-batches of all
+        devices are the micro-batches of `loss_and_grad`, weighed by `micro_batch_weights` of the
+        all-gathered completion mask, so the token mean divides by the *global* token count
+        (max(N_i, 1) / max(N, 1)); the sequence means' 1 / (d n) is rescaled to rows / num_rows
+        so padding rows count in no denominator. The update equals the one-device one up to
+        summation order; aux is `combine_micro_batch_aux` over all micro-batches (advantage
+        statistics over the real rows), identical on every device.
+        """
+        cfg = self.cfg
+        padded, d = batch.tokens.shape[0], self.data
+        num_rows = padded if num_rows is None else num_rows
+        if padded % d or padded != padded_size(num_rows, d):
+            raise ValueError(
+                f"a data-parallel mini-batch of {num_rows} rows must arrive padded to "
+                f"{padded_size(num_rows, d)} (a multiple of data={d}), got {padded}"
+            )
+        cfg.check_micro_batch(num_rows, d)
+        local = padded // d
+        mbs = cfg.micro_batch_size or local
+        n = local // mbs
+        grad_fn = jax.value_and_grad(self.loss, argnums=1, has_aux=True)
+
+        def body(policy, trainable, batch):
+            micro = jax.tree.map(lambda x: x.reshape(n, mbs, *x.shape[1:]), batch)
+            masks = jax.lax.all_gather(micro.completion_mask, DATA_AXIS, tiled=True)  # [d n, ...]
+            weights = micro_batch_weights(masks, cfg.agg)  # [d n]
+            if cfg.agg != "token_mean":
+                weights = weights * (padded / num_rows)
+            start = jax.lax.axis_index(DATA_AXIS) * n
+            mine = jax.lax.dynamic_slice_in_dim(weights, start, n)
+
+            def one(acc, xs):
+                mb, w = xs
+                (loss, aux), g = grad_fn(policy, trainable, mb)
+                acc = jax.tree.map(lambda a, gi: a + w.astype(gi.dtype) * gi, acc, g)
+                return acc, (loss, aux)
+
+            zero = jax.tree.map(jnp.zeros_like, trainable)
+            grads, (losses, auxs) = jax.lax.scan(one, zero, (micro, mine))
+            grads = jax.lax.psum(grads, DATA_AXIS)  # the one all-reduce of the update
+            losses, auxs = jax.lax.all_gather((losses, auxs), DATA_AXIS, tiled=True)
+            aux = combine_micro_batch_aux(auxs, masks, weights)
+            if num_rows < padded:
+                adv = jax.lax.all_gather(batch.advantages, DATA_AXIS, tiled=True)[:num_rows]
+                aux.update(
+                    adv_mean=jnp.mean(adv),
+                    adv_std=jnp.std(adv),
+                    adv_min=jnp.min(adv),
+                    adv_max=jnp.max(adv),
+                )
+            return jnp.sum(weights * losses), aux, grads
+
+        loss, aux, grads = self._shard(body, (P(), P(), P(DATA_AXIS)), (P(), P(), P()))(
+            policy, trainable, batch
+        )
+        updates, opt_state = self.optimizer.update(grads, opt_state, trainable)
+        trainable = optax.apply_updates(trainable, updates)
+        metrics = {
+            **aux,
+            "loss": loss,
+            "grad_norm": optax.tree.norm(grads),
+            "update_norm": optax.tree.norm(updates),
+        }
+        return trainable, opt_state, metrics
+
+    def _assemble_batch(
+        self,
+        prompt_tokens: jax.Array,
+        prompt_mask: jax.Array,
+        gen: Generation,
+        advantages: jax.Array,
+    ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+        """(tokens, attention mask, completion mask, advantages) of a sharded rollout [R_pad]:
+        prompts repeated and padded as `_rollout_sharded` did; padding rows get completion mask
+        and advantage 0 (they then weigh nothing in any aggregation)."""
+        n = self.cfg.group_size
+        padded, num_rows = gen.tokens.shape[0], prompt_tokens.shape[0] * n
+        real = jnp.arange(padded) < num_rows
+        prompt = pad_to(jnp.repeat(prompt_tokens, n, 0), padded, 0)
+        pmask = pad_to(jnp.repeat(prompt_mask, n, 0), padded, 0)
+        tokens = jnp.concatenate([prompt, gen.tokens], axis=1)
+        attn = jnp.concatenate([pmask.astype(jnp.int32), gen.mask.astype(jnp.int32)], axis=1)
+        comp = gen.mask.astype(jnp.float32) * real[:, None]
+        adv = pad_to(advantages, padded, 0) * real
+        return tokens, attn, comp, adv
+
+    def _take_rows(self, batch: RolloutBatch, idx: jax.Array, valid: jax.Array) -> RolloutBatch:
+        """Rows `idx` [b] of a sharded batch (a mini-batch), those with valid 0 made padding."""
+        sub = jax.tree.map(lambda x: x[idx], batch)
+        return sub.replace(
+            completion_mask=sub.completion_mask * valid[:, None],
+            advantages=sub.advantages * valid,
+        )
+
     # -- the host step
 
     def make_batch(
@@ -424,6 +724,10 @@ class GRPOTrainer:
             if len(vals) != num_prompts:
                 raise ValueError(f"task field {name!r} has {len(vals)} values for {num_prompts}")
         num_rollouts = num_prompts * cfg.group_size
+        if self.mesh is not None:
+            return self._step_sharded(
+                state, policy, prompt_tokens, prompt_mask, prompts, task_fields
+            )
         cfg.check_batch(num_rollouts)
 
         key = jax.random.wrap_key_data(state.key)
@@ -481,12 +785,28 @@ class GRPOTrainer:
             step=state.step + 1,
             key=jax.random.key_data(key),
         )
+        times = (t_roll, t_reward, t_score, t_update)
+        metrics = self._metrics(rewards, lengths, finished, extra, times, per_update)
+        metrics["local_rollouts"] = float(num_rollouts)
+        return new_state, metrics
+
+    def _metrics(
+        self,
+        rewards: Any,
+        lengths: np.ndarray,
+        finished: np.ndarray,
+        extra: dict[str, jax.Array],
+        times: tuple[float, float, float, float],
+        per_update: list[dict[str, Any]],
+    ) -> dict[str, float]:
+        """The step's metrics from all rollouts' rewards / lengths / finished flags [R]."""
+        t_roll, t_reward, t_score, t_update = times
         r = np.asarray(rewards)
         num_tokens = float(lengths.sum())
         metrics = {
             "reward_mean": float(r.mean()),
             "reward_std": float(r.std()),
-            "zero_variance_frac": float(zero_variance_fraction(rewards, cfg.group_size)),
+            "zero_variance_frac": float(zero_variance_fraction(rewards, self.cfg.group_size)),
             "focal_weight_mean": float(extra["focal_weight_mean"]),
             "completion_len_mean": float(lengths.mean()),
             "truncation_rate": float(1.0 - finished.mean()),
@@ -503,4 +823,130 @@ class GRPOTrainer:
         for k in per_update[0]:
             vals = np.asarray([float(m[k]) for m in per_update])
             metrics[k] = float(reduce.get(k, np.mean)(vals))
+        return metrics
+
+    def _step_sharded(
+        self,
+        state: GRPOState,
+        policy: FrozenPolicy,
+        prompt_tokens: Any,
+        prompt_mask: Any,
+        prompts: Sequence[Any],
+        task_fields: Mapping[str, Sequence[Any]],
+    ) -> tuple[GRPOState, dict[str, float]]:
+        """`step` over the mesh (docs/ARCHITECTURE.md, "Data-parallel GRPO and SFT").
+
+        Every process calls it with the same state and prompts. One sharded rollout program over
+        every process's devices; each process decodes and rewards only the rows its devices
+        generated (`local_rows`: metrics["local_rollouts"] counts them); per-row rewards, lengths
+        and finished flags are all-gathered (`allgather_rows`), so the advantages, the batch and
+        the data-parallel updates are the same everywhere.
+        """
+        cfg, mesh = self.cfg, self.mesh
+        n = cfg.group_size
+        num_rollouts = int(np.shape(prompt_tokens)[0]) * n
+        cfg.check_batch(num_rollouts, self.data)
+        key = jax.random.wrap_key_data(state.key)
+        key, k_roll, k_shuffle = jax.random.split(key, 3)
+        # Host values every process holds identically -> global arrays (nothing travels); the
+        # base weights should come placed already (`place_base`), then this keeps them.
+        policy, params, opt_state = on_mesh((policy, state.params, state.opt_state), mesh)
+        tokens, mask, k_roll = on_mesh(
+            (
+                np.asarray(prompt_tokens, np.int32),
+                np.asarray(prompt_mask, np.int32),
+                np.asarray(jax.random.key_data(k_roll)),
+            ),
+            mesh,
+        )
+
+        t0 = time.perf_counter()
+        gen = jax.block_until_ready(self.rollout(policy, params, tokens, mask, k_roll))
+        t_roll = time.perf_counter() - t0
+
+        t0 = time.perf_counter()
+        rows, mine = local_rows(gen, num_rollouts)
+        groups = (rows // n).tolist()
+        local_rewards: Sequence[float] = []
+        if groups:
+            completions = decode_completions(
+                self.decode, mine.tokens, mine.lengths, self.eos_token_ids
+            )
+            local_rewards = self.reward_fn(
+                [prompts[g] for g in groups],
+                completions,
+                **{k: [v[g] for g in groups] for k, v in task_fields.items()},
+            )
+        if len(local_rewards) != len(rows):
+            raise ValueError(f"reward_fn returned {len(local_rewards)} rewards for {len(rows)}")
+        per_row = np.stack(
+            [np.asarray(local_rewards, np.float32).reshape(-1), mine.lengths, mine.finished]
+        ).astype(np.float32)
+        rewards, lengths, finished = allgather_rows(per_row, rows, num_rollouts)
+        lengths, finished = lengths.astype(np.int32), finished > 0
+        rewards = jnp.asarray(rewards)
+        t_reward = time.perf_counter() - t0
+
+        t0 = time.perf_counter()
+        advantages, weights = compute_advantages(rewards, cfg)
+        tokens, attn, comp_mask, advantages = self._assemble(
+            tokens, mask, gen, on_mesh(np.asarray(advantages), mesh)
+        )
+        multi_update = cfg.epochs * cfg.num_minibatches > 1
+        need_old = multi_update and not cfg.use_generation_logprobs
+        need_ref = cfg.beta > 0
+        old = ref = None
+        if need_old or need_ref:
+            old, ref = self.score(
+                policy, params, tokens, attn, with_policy=need_old, with_ref=need_ref
+            )
+            old = None if old is None else _split_completion(old, cfg.max_new_tokens)
+            ref = None if ref is None else _split_completion(ref, cfg.max_new_tokens)
+        if cfg.use_generation_logprobs:
+            old = gen.logprobs
+        batch = RolloutBatch(
+            tokens=tokens,
+            attention_mask=attn,
+            completion_mask=comp_mask,
+            advantages=advantages,
+            old_logp=old,
+            ref_logp=ref,
+        )
+        jax.block_until_ready(batch)
+        t_score = time.perf_counter() - t0
+
+        t0 = time.perf_counter()
+        mb = num_rollouts // cfg.num_minibatches
+        padded = padded_size(mb, self.data)
+        valid = on_mesh((np.arange(padded) < mb).astype(np.float32), mesh)
+        per_update = []
+        for epoch in range(cfg.epochs):
+            perm = None
+            if cfg.num_minibatches > 1:
+                # The permutation of the one-device step, the same on every process.
+                perm = np.asarray(
+                    jax.random.permutation(jax.random.fold_in(k_shuffle, epoch), num_rollouts)
+                )
+            for j in range(cfg.num_minibatches):
+                if perm is None:
+                    sub = batch  # rows >= num_rollouts are padding already
+                else:
+                    idx = perm[j * mb : (j + 1) * mb]
+                    idx = np.concatenate([idx, np.full(padded - mb, idx[0])]).astype(np.int32)
+                    sub = self._take(batch, on_mesh(idx, mesh), valid)
+                params, opt_state, m = self.update_step(policy, params, opt_state, sub, num_rows=mb)
+                per_update.append(m)
+        per_update = jax.device_get(per_update)
+        t_update = time.perf_counter() - t0
+
+        new_state = GRPOState(
+            params=params,
+            opt_state=opt_state,
+            step=state.step + 1,
+            key=jax.random.key_data(key),
+        )
+        extra = {"focal_weight_mean": jnp.mean(weights)}
+        times = (t_roll, t_reward, t_score, t_update)
+        metrics = self._metrics(rewards, lengths, finished, extra, times, per_update)
+        metrics["local_rollouts"] = float(len(rows))
         return new_state, metrics

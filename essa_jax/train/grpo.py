@@ -6,6 +6,10 @@ to the SFT singular values (same SVD, same alpha). Each step samples `grpo.batch
 (`batch_size / group_size` prompts x N) and applies `essa_jax.rl.GRPOTrainer.step`, with the
 `essa_jax.rl.GRPOConfig` that `essa_jax.config.grpo_config(config)` derives from the experiment
 config ("fgrpo" = the advantage weighting "focal" with gamma = grpo.focal_gamma).
+
+On several devices (or processes) the trainer runs data-parallel on `run.mesh`
+(`pipeline.data_parallel_mesh`): the base weights are placed on it once (`rl.trainer.place_base`),
+rollouts / scoring / updates are sharded over ``data``, each process rewards only its own rows.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import jax.numpy as jnp
 from essa_jax import lora as lora_lib
 from essa_jax.config import grpo_config
 from essa_jax.rl import FrozenPolicy, GRPOState, GRPOTrainer
+from essa_jax.rl.trainer import on_mesh, place_base
 from essa_jax.train.rollouts import init_cursor, next_indices
 
 __all__ = ["GRPOLoop", "GRPOLoopState", "grpo_config"]
@@ -70,6 +75,11 @@ class GRPOLoop:
             reward_fn=run.reward_fn,
             decode=lambda ids: tok.decode(ids, skip_special_tokens=True),
             eos_token_ids=run.sampler.eos_token_ids,
+            mesh=run.mesh,
+        )
+        # Placed once: a jitted call would otherwise transfer the weights on every step.
+        self.base = (
+            run.params if run.mesh is None else place_base(run.params, run.mesh, run.model_config)
         )
 
     def init_state(self, key: jax.Array, sft_lora: dict) -> GRPOLoopState:
@@ -88,19 +98,29 @@ class GRPOLoop:
             cursor=init_cursor(len(self.run.train), self.run.config.seed + 2),
         )
 
+    def _local(self, tree: Any) -> Any:
+        """A one-device copy of mesh-placed values (held-out evaluation and export run on one
+        device); as it is without a mesh."""
+        if self.run.mesh is None:
+            return tree
+        return jax.tree.map(jnp.asarray, jax.device_get(tree))
+
     def policy_lora(self, state: GRPOLoopState) -> dict:
-        return self.to_lora(state.grpo.params, state.frozen)
+        return self.to_lora(self._local(state.grpo.params), self._local(state.frozen))
 
     def export_lora(self, state: GRPOLoopState) -> dict:
+        params, frozen = self._local(state.grpo.params), self._local(state.frozen)
         if self.svd:
-            return lora_lib.svd_lora_to_lora(state.frozen, self.layout, state.grpo.params)
-        return state.grpo.params
+            return lora_lib.svd_lora_to_lora(frozen, self.layout, params)
+        return params
 
     def step(self, state: GRPOLoopState) -> tuple[GRPOLoopState, dict[str, float], int]:
         run = self.run
         idx, cursor = next_indices(state.cursor, self.num_prompts)
         batch = run.train.take(idx)
-        policy = FrozenPolicy(base=run.params, adapter=state.frozen)
+        if run.mesh is not None:  # the frozen adapter part (svdgrpo's basis) placed once
+            state = state.replace(frozen=on_mesh(state.frozen, run.mesh))
+        policy = FrozenPolicy(base=self.base, adapter=state.frozen)
         new, m = self.trainer.step(
             state.grpo,
             policy,

@@ -12,10 +12,11 @@
 
 Several processes (`essa_jax.distributed`): every process runs this same function on the same
 config and holds the same state; ESSA splits each generation's members over the processes
-(`essa_jax.train.essa`). Process 0 alone writes config.json, metrics.jsonl, TensorBoard events,
-summary.json, the plots and the PEFT adapter; checkpoints are written and read by all (orbax is
-collective). A resumed run falls back past a newest checkpoint that cannot be read
-(`essa_jax.checkpointing`).
+(`essa_jax.train.essa`); SFT and the GRPO family run data-parallel over every process's devices
+(`data_parallel_mesh`; each GRPO rollout is generated and rewarded once, by one process).
+Process 0 alone writes config.json, metrics.jsonl, TensorBoard events, summary.json, the plots and
+the PEFT adapter; checkpoints are written and read by all (orbax is collective). A resumed run
+falls back past a newest checkpoint that cannot be read (`essa_jax.checkpointing`).
 
 The wall-clock axis (`wall_s`) counts the loop's own time only: SFT, held-out evaluation and
 checkpoint writes are excluded, so methods compare at equal training cost.
@@ -35,7 +36,7 @@ import numpy as np
 
 from essa_jax import lora as lora_lib
 from essa_jax.checkpointing import Checkpointer, restore_checkpointer_with_fallback
-from essa_jax.config import RANDOM_PREFIX, validate_config
+from essa_jax.config import RANDOM_PREFIX, ConfigError, grpo_config, validate_config
 from essa_jax.evaluation import heldout_accuracy, heldout_pass_at_k
 from essa_jax.train import summary as summary_lib
 from essa_jax.train.metrics import MetricsLogger, Progress
@@ -62,6 +63,7 @@ class Run:
     lora_config: lora_lib.LoraConfig
     logger: MetricsLogger
     verbose: bool = True
+    mesh: Any = None  # SFT's and GRPO's mesh (`data_parallel_mesh`); None = one device
 
     def log(self, msg: str) -> None:
         if self.verbose:
@@ -97,6 +99,45 @@ def make_loop(run: Run):
     if method == "sft":
         return None
     raise ValueError(f"unknown method {method!r}")
+
+
+def data_parallel_mesh(config) -> Any:
+    """The mesh of SFT and the GRPO family: `make_mesh(pop=1, data=devices / mesh.model,
+    model=mesh.model)` over every process's devices (docs/ARCHITECTURE.md, "Data-parallel GRPO
+    and SFT"); None on a single device, where the one-device programs run exactly as before."""
+    from essa_jax.mesh import make_mesh
+
+    n = jax.device_count()
+    if n == 1:
+        return None
+    model = int(config.mesh.model)
+    return make_mesh(pop=1, data=n // model, model=model)
+
+
+def check_data_parallel(config, mesh: Any) -> None:
+    """The micro-batch sizes against the rows each device holds (they count rows per device:
+    ceil(batch / data)); raises ConfigError naming the field."""
+    from essa_jax.mesh import DATA_AXIS, axis_size
+    from essa_jax.rl import GRPOConfigError
+
+    data = axis_size(mesh, DATA_AXIS)
+    if data == 1:
+        return
+    mbs, batch = int(config.sft.micro_batch_size), int(config.sft.batch_size)
+    per_device = -(-batch // data)
+    if mbs and per_device % mbs:
+        raise ConfigError(
+            "sft.micro_batch_size",
+            mbs,
+            f"0 or divisors of the {per_device} rows each of the data={data} devices holds of "
+            f"sft.batch_size={batch}",
+            "micro_batch_size counts rows per device",
+        )
+    if config.method in ("grpo", "fgrpo", "svdgrpo"):
+        try:
+            grpo_config(config).check_batch(int(config.grpo.batch_size), data)
+        except GRPOConfigError as e:
+            raise ConfigError(f"grpo.{e.field}", e.value, e.valid, e.hint) from e
 
 
 def _key_data(key: jax.Array) -> jax.Array:
@@ -136,7 +177,9 @@ def build_run(config, workdir: str, *, verbose: bool = True) -> Run:
         lora_config=lora_config,
         logger=MetricsLogger(workdir, write_files=_is_main()),
         verbose=verbose and _is_main(),
+        mesh=data_parallel_mesh(config),
     )
+    check_data_parallel(config, run.mesh)
     run.log(
         f"model {config.model.path} ({model_config.num_params() / 1e6:.1f}M params) and task "
         f"{config.task.name}: {len(train)} train / {len(heldout)} held-out prompts of "
@@ -183,6 +226,7 @@ def _sft(run: Run, key: jax.Array) -> tuple[dict, dict[str, Any]]:
         pad_id=run.sampler.pad_token_id,
         log_fn=log_fn,
         remat=bool(c.model.remat),
+        mesh=run.mesh,
     )
     sft_s = time.perf_counter() - t0
     ev = evaluate_policy(run, sft_lora)

@@ -7,6 +7,12 @@ LoRA factors are trained; base weights are a non-differentiated argument.
 Memory (docs/ARCHITECTURE.md, Memory): the LoRA and the AdamW state are float32 masters whatever
 the model dtype (`lora.master_weights`); `remat` checkpoints each decoder layer; `micro_batch_size`
 accumulates the gradient over micro-batches inside the compiled step (the same update).
+
+Data parallelism (`mesh=`, docs/ARCHITECTURE.md, "Data-parallel GRPO and SFT"): the batch is
+sharded over the mesh's ``data`` axis (padded to it with rows that carry no loss), the LoRA and
+AdamW state replicated; each device computes its rows' gradient (accumulating over its own
+micro-batches of `micro_batch_size` rows) and one psum adds them with the weights that keep the
+global token count as the denominator.
 """
 
 from __future__ import annotations
@@ -18,9 +24,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from jax.sharding import Mesh
+from jax.sharding import PartitionSpec as P
 
 from essa_jax.lora.adapter import master_weights
+from essa_jax.mesh import DATA_AXIS, axis_size, padded_size, place
 from essa_jax.models import sequence_logprobs
+from essa_jax.rl.trainer import on_mesh, place_base
 from essa_jax.train.rollouts import PromptSet, init_cursor, next_indices
 
 
@@ -113,9 +123,55 @@ def sft_loss_and_grad(
     return loss_sum / denom, jax.tree.map(lambda g: g / denom.astype(g.dtype), grad_sum)
 
 
+def sft_loss_and_grad_sharded(
+    lora,
+    params,
+    model_config,
+    tokens: jax.Array,
+    mask: jax.Array,
+    loss_mask: jax.Array,
+    *,
+    mesh: Mesh,
+    remat: bool = False,
+    micro_batch_size: int = 0,
+) -> tuple[jax.Array, Any]:
+    """`sft_loss_and_grad` of a batch [B, T] sharded over `mesh`'s ``data`` axis (B a multiple
+    of it): each device runs `sft_loss_and_grad` on its rows (micro_batch_size counts rows per
+    device), then one psum adds the device losses / gradients weighed by
+    w_d = max(N_d, 1) / max(N, 1), N_d / N the target tokens of device d / of the batch, so the
+    result is the whole batch's mean NLL over its N tokens (to summation order)."""
+
+    def body(lora, params, tokens, mask, loss_mask):
+        loss, grads = sft_loss_and_grad(
+            lora,
+            params,
+            model_config,
+            tokens,
+            mask,
+            loss_mask,
+            remat=remat,
+            micro_batch_size=micro_batch_size,
+        )
+        count = jnp.sum(loss_mask[:, 1:].astype(jnp.float32))
+        w = jnp.maximum(count, 1.0) / jnp.maximum(jax.lax.psum(count, DATA_AXIS), 1.0)
+        grads = jax.tree.map(lambda g: w.astype(g.dtype) * g, grads)
+        return jax.lax.psum((w * loss, grads), DATA_AXIS)
+
+    rows = P(DATA_AXIS)
+    return jax.shard_map(
+        body,
+        mesh=mesh,
+        in_specs=(P(), P(), rows, rows, rows),
+        out_specs=P(),
+        # Manual over data alone: weights split over an Auto ``model`` axis stay split.
+        axis_names=frozenset({DATA_AXIS}),
+        check_vma=False,
+    )(lora, params, tokens, mask, loss_mask)
+
+
 @functools.partial(
     jax.jit,
-    static_argnames=("model_config", "optimizer", "remat", "micro_batch_size"),
+    static_argnames=("model_config", "optimizer", "remat", "micro_batch_size", "mesh"),
     donate_argnums=(0, 1),
 )
 def sft_step(
@@ -129,23 +185,39 @@ def sft_step(
     loss_mask,
     remat: bool = False,
     micro_batch_size: int = 0,
+    mesh: Mesh | None = None,
 ):
     """One AdamW step on a batch; returns (lora, opt_state, metrics).
 
     lora and opt_state are donated; tokens, mask, loss_mask [B, T]. `remat` and
     `micro_batch_size` as in `sft_loss_and_grad` (static). Lowerable ahead of time with
-    `jax.ShapeDtypeStruct` arguments (the memory planner).
+    `jax.ShapeDtypeStruct` arguments (the memory planner). `mesh` (static): data-parallel over
+    its ``data`` axis (`sft_loss_and_grad_sharded`; B a multiple of it, micro_batch_size rows per
+    device); None = one device.
     """
-    loss, grads = sft_loss_and_grad(
-        lora,
-        params,
-        model_config,
-        tokens,
-        mask,
-        loss_mask,
-        remat=remat,
-        micro_batch_size=micro_batch_size,
-    )
+    if mesh is None:
+        loss, grads = sft_loss_and_grad(
+            lora,
+            params,
+            model_config,
+            tokens,
+            mask,
+            loss_mask,
+            remat=remat,
+            micro_batch_size=micro_batch_size,
+        )
+    else:
+        loss, grads = sft_loss_and_grad_sharded(
+            lora,
+            params,
+            model_config,
+            tokens,
+            mask,
+            loss_mask,
+            mesh=mesh,
+            remat=remat,
+            micro_batch_size=micro_batch_size,
+        )
     updates, opt_state = optimizer.update(grads, opt_state, lora)
     lora = optax.apply_updates(lora, updates)
     return lora, opt_state, {"loss": loss, "grad_norm": optax.tree.norm(grads)}
@@ -162,6 +234,7 @@ def train_sft(
     pad_id: int,
     log_fn=None,
     remat: bool = False,
+    mesh: Mesh | None = None,
 ) -> Any:
     """`sft_config.steps` AdamW steps of batch `sft_config.batch_size`; returns the trained LoRA.
 
@@ -169,6 +242,11 @@ def train_sft(
     and the model's dtype; `sft_config.micro_batch_size` (0 = whole batch, absent = 0) splits each
     step's gradient; `remat` checkpoints each decoder layer (`config.model.remat`).
     `log_fn(step, metrics)` is called after every step with python floats.
+
+    mesh: data-parallel over its ``data`` axis (every process calls this with the same
+    arguments): each batch is padded to the axis with copies of its row 0 carrying no loss
+    (`mesh.pad_to`'s rule), sharded, and `micro_batch_size` counts rows per device; the base
+    weights are placed once (`rl.trainer.place_base`) and the LoRA comes back as a local copy.
     """
     tokens, mask, loss_mask = sft_sequences(data, pad_id)
     optimizer = make_optimizer(
@@ -179,21 +257,41 @@ def train_sft(
     lora = master_weights(lora)
     opt_state = optimizer.init(lora)
     micro_batch_size = int(getattr(sft_config, "micro_batch_size", 0))
+    batch_size = int(sft_config.batch_size)
+    padded = padded_size(batch_size, axis_size(mesh, DATA_AXIS))
+    if mesh is not None:
+        data_size = axis_size(mesh, DATA_AXIS)
+        per_device = padded // data_size
+        if micro_batch_size and per_device % micro_batch_size:
+            raise ValueError(
+                f"sft.micro_batch_size={micro_batch_size} must be 0 or divide the {per_device} "
+                f"rows each of the data={data_size} devices holds of a batch of {batch_size} "
+                "(micro_batch_size counts rows per device)"
+            )
+        params = place_base(params, mesh, model_config)
+        lora, opt_state = on_mesh((lora, opt_state), mesh)
     cursor = init_cursor(len(data), seed)
     for step in range(sft_config.steps):
-        idx, cursor = next_indices(cursor, sft_config.batch_size)
+        idx, cursor = next_indices(cursor, batch_size)
+        batch = (tokens[idx], mask[idx], loss_mask[idx])
+        if mesh is not None:
+            rows = np.concatenate([idx, np.full(padded - batch_size, idx[0])])
+            real = (np.arange(padded) < batch_size)[:, None]
+            batch = place((tokens[rows], mask[rows], loss_mask[rows] * real), mesh, P(DATA_AXIS))
         lora, opt_state, m = sft_step(
             lora,
             opt_state,
             params,
             model_config,
             optimizer,
-            tokens[idx],
-            mask[idx],
-            loss_mask[idx],
+            *batch,
             remat=remat,
             micro_batch_size=micro_batch_size,
+            mesh=mesh,
         )
         if log_fn is not None:
             log_fn(step + 1, {k: float(v) for k, v in m.items()})
+    if mesh is not None:
+        # A local copy: held-out evaluation and the next method's init run on one device.
+        lora = jax.tree.map(jnp.asarray, jax.device_get(lora))
     return lora

@@ -1,0 +1,127 @@
+"""One data-parallel GRPO step and one SFT step on a tiny random model over every process's devices.
+
+Run as one process (any device count) or under experiments/launch_local.py;
+test_grpo_multiprocess.py compares 1 process x 8 devices with 2 processes x 4 devices. The step is
+the library's (`GRPOTrainer(mesh=...).step`, `train_sft(mesh=...)`): one sharded rollout program,
+each process rewards only its own rows, per-row rewards all-gathered, the update data-parallel.
+The reward function counts the completions it is given: each process must score only its share.
+
+usage: grpo_worker.py OUT_DIR   (writes OUT_DIR/p<process_id>.npz)
+"""
+
+import os
+import sys
+from types import SimpleNamespace
+
+import numpy as np
+
+from essa_jax import distributed as D
+
+D.initialize(timeout_s=120, heartbeat_timeout_s=30)
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+
+from essa_jax.lora import LoraConfig, init_lora, lora_policy  # noqa: E402
+from essa_jax.mesh import make_mesh  # noqa: E402
+from essa_jax.models import ModelConfig, init_params  # noqa: E402
+from essa_jax.rl import FrozenPolicy, GRPOConfig, GRPOTrainer  # noqa: E402
+from essa_jax.rl.trainer import place_base  # noqa: E402
+from essa_jax.train.rollouts import PromptSet  # noqa: E402
+from essa_jax.train.sft import train_sft  # noqa: E402
+
+jax.config.update("jax_default_matmul_precision", "highest")
+
+CONFIG = ModelConfig(
+    vocab_size=16,
+    hidden_size=32,
+    intermediate_size=64,
+    num_layers=2,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=8,
+    tie_embeddings=True,
+    max_position_embeddings=64,
+    bos_token_id=1,
+    eos_token_ids=(2,),
+    pad_token_id=0,
+)
+PROMPTS, GROUP = 4, 4  # 16 rollouts
+rewarded = []  # completions this process scored
+
+
+def parity_reward(prompts, completions, **fields):
+    rewarded.append(len(completions))
+    return [float(sum(map(int, c.split())) % 2 == 0) for c in completions]
+
+
+def main():
+    out_dir = sys.argv[1]
+    mesh = make_mesh(pop=1, data=jax.device_count())
+    params = jax.jit(init_params, static_argnums=1)(jax.random.key(0), CONFIG)
+    lora = init_lora(jax.random.key(1), CONFIG, LoraConfig(rank=2, alpha=4.0), jnp.float32)
+    lora = {
+        t: a.replace(b=0.3 * jax.random.normal(jax.random.key(i), a.b.shape))
+        for i, (t, a) in enumerate(lora.items())
+    }
+    cfg = GRPOConfig(
+        group_size=GROUP,
+        max_new_tokens=4,
+        learning_rate=1e-2,
+        temperature=0.9,
+        beta=0.05,
+        num_minibatches=2,
+    )
+    trainable, frozen, to_lora = lora_policy(lora)
+    trainer = GRPOTrainer(
+        CONFIG,
+        cfg,
+        to_lora=to_lora,
+        reward_fn=parity_reward,
+        decode=lambda ids: " ".join(map(str, ids)),
+        mesh=mesh,
+    )
+    toks = np.asarray(jax.random.randint(jax.random.key(2), (PROMPTS, 3), 3, 16), np.int32)
+    texts = [f"p{i}" for i in range(PROMPTS)]
+    state = trainer.init(trainable, jax.random.key(3))
+    policy = FrozenPolicy(place_base(params, mesh, CONFIG), frozen)
+    new, m = trainer.step(state, policy, toks, np.ones_like(toks), texts, answer=texts)
+
+    rng = np.random.default_rng(0)
+    stoks = rng.integers(3, 16, (12, 5)).astype(np.int32)
+    targets = [list(rng.integers(3, 16, 1 + i % 4)) + [2] for i in range(12)]
+    data = PromptSet([str(i) for i in range(12)], stoks, np.ones_like(stoks), {}, targets)
+    sft = SimpleNamespace(
+        learning_rate=1e-2, weight_decay=0.0, max_grad_norm=1.0, steps=1, batch_size=6
+    )
+    sft_lora = train_sft(
+        jax.tree.map(jnp.copy, lora), params, CONFIG, data, sft, seed=0, pad_id=0, mesh=mesh
+    )
+
+    info = D.process_info()
+    os.makedirs(out_dir, exist_ok=True)
+    grpo_leaves = [np.asarray(x) for x in jax.tree.leaves(jax.device_get(new.params))]
+    before = [np.asarray(x) for x in jax.tree.leaves(jax.device_get(trainable))]
+    sft_leaves = [np.asarray(x) for x in jax.tree.leaves(jax.device_get(sft_lora))]
+    np.savez(
+        os.path.join(out_dir, f"p{info.process_id}.npz"),
+        *grpo_leaves,
+        *sft_leaves,
+        moved=max(float(np.abs(a - b).max()) for a, b in zip(grpo_leaves, before, strict=True)),
+        rewarded=sum(rewarded),
+        local_rollouts=m["local_rollouts"],
+        reward_mean=m["reward_mean"],
+        loss=m["loss"],
+        devices=info.global_device_count,
+        processes=info.num_processes,
+    )
+    print(
+        f"worker {info.process_id}/{info.num_processes}: rewarded {sum(rewarded)} of "
+        f"{PROMPTS * GROUP} rollouts, reward {m['reward_mean']:.3f}",
+        flush=True,
+    )
+    D.shutdown()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,94 @@
+"""A data-parallel GRPO step (and an SFT step) on 2 processes x 4 devices equals the step on
+1 process x 8 devices, and each process generates and rewards only half of the rollouts.
+
+The worker (grpo_worker.py) runs `GRPOTrainer(mesh=...).step`: one rollout program sharded over
+every process's devices, each process reading back and rewarding only its devices' rows, per-row
+rewards all-gathered, the update data-parallel. Both layouts put 2 rollouts on each of 8 devices,
+so they compute the same programs per device.
+"""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+LAUNCHER = ROOT / "experiments" / "launch_local.py"
+WORKER = Path(__file__).resolve().parent / "grpo_worker.py"
+ROLLOUTS = 16
+
+
+def _env(tmp_path, devices=None):
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID")
+    }
+    env["JAX_COMPILATION_CACHE_DIR"] = str(tmp_path / "jax_cache")  # 1x8 and 2x4 compile alike
+    env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+    if devices is not None:
+        env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+    return env
+
+
+def _run(cmd, env, timeout=420):
+    p = subprocess.Popen(
+        cmd,
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        out, _ = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, 9)
+        out, _ = p.communicate()
+        pytest.fail(f"timed out after {timeout}s: {cmd}\n{out[-3000:]}")
+    assert p.returncode == 0, out[-4000:]
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+def test_grpo_two_processes_equal_one_and_split_the_rollouts(tmp_path):
+    py = sys.executable
+    _run([py, str(WORKER), str(tmp_path / "one")], _env(tmp_path, 8))
+    _run(
+        [
+            py,
+            str(LAUNCHER),
+            "-n",
+            "2",
+            "--devices-per-process",
+            "4",
+            "--timeout",
+            "400",
+            "--",
+            py,
+            str(WORKER),
+            str(tmp_path / "two"),
+        ],
+        _env(tmp_path),
+    )
+    one = np.load(tmp_path / "one" / "p0.npz")
+    two = [np.load(tmp_path / "two" / f"p{i}.npz") for i in range(2)]
+    assert int(one["devices"]) == 8 and int(one["processes"]) == 1
+    assert all(int(r["devices"]) == 8 and int(r["processes"]) == 2 for r in two)
+    assert float(one["moved"]) > 1e-3  # the LoRA moved
+    assert 0 < float(one["reward_mean"]) < 1  # rewards differ: a real gradient
+    # One process rewards every rollout; two processes half each, and nobody repeats a rollout.
+    assert int(one["rewarded"]) == ROLLOUTS and int(one["local_rollouts"]) == ROLLOUTS
+    for r in two:
+        assert int(r["rewarded"]) == ROLLOUTS // 2 and int(r["local_rollouts"]) == ROLLOUTS // 2
+    arrays = [k for k in one.files if k.startswith("arr_")]
+    assert len(arrays) == 2 * 2 * 4  # GRPO then SFT LoRA: (a, b) x q/k/v/o
+    for r in two:
+        assert float(r["reward_mean"]) == float(one["reward_mean"])
+        np.testing.assert_allclose(float(r["loss"]), float(one["loss"]), rtol=1e-5)
+        for k in arrays:
+            np.testing.assert_allclose(r[k], one[k], rtol=0, atol=2e-6, err_msg=k)
