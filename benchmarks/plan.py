@@ -20,18 +20,23 @@ from benchmarks.common import print_table, write_results
 
 CONFIGS = "experiments/configs"
 # (config file, plan arguments, what the row shows)
+GPU8 = ["--devices", "8", "--device_memory_gb", "80"]
 CASES = (
-    ("essa_qwen2p5_7b_gsm8k", ["--devices", "8", "--device_memory_gb", "80"], "paper: 8 x H100"),
-    (
-        "fgrpo_qwen2p5_7b_deepscaler",
-        ["--devices", "8", "--device_memory_gb", "80"],
-        "paper: 8 x H100",
-    ),
+    # The 7B paper configs on 8 x H100-80GB, and their per-device bytes as the model axis grows.
+    ("essa_qwen2p5_7b_gsm8k", GPU8, "paper: 8 x H100"),
+    ("essa_qwen2p5_7b_gsm8k", [*GPU8, "--config.mesh.model=2"], "model axis 2"),
+    ("essa_qwen2p5_7b_gsm8k", [*GPU8, "--config.mesh.model=4"], "model axis 4"),
+    ("fgrpo_qwen2p5_7b_deepscaler", GPU8, "paper: 8 x H100"),
+    ("fgrpo_qwen2p5_7b_deepscaler", [*GPU8, "--config.mesh.model=2"], "model axis 2"),
+    ("fgrpo_qwen2p5_7b_deepscaler", [*GPU8, "--config.mesh.model=4"], "model axis 4"),
+    # 32B on 16 x H100 needs the model axis (65.5 GB of weights); its config sets it.
     (
         "essa_qwen2p5_32b_prm800k",
         ["--devices", "16", "--device_memory_gb", "80"],
-        "paper: 16 x H100 (needs the model axis, part 2)",
+        "paper: 16 x H100",
     ),
+    # The 7B ESSA config on a TPU v5e-16 slice (16 GB per chip), compiled by XLA's TPU compiler.
+    ("essa_qwen2p5_7b_gsm8k", ["--target", "tpu:v5e:4x4", "--config.mesh.model=4"], "TPU v5e-16"),
     # The same 7B programs through XLA's TPU compiler (8 chips of a v5p slice, 95 GB each):
     # exact per-device bytes, next to the CPU compiler's approximation of a GPU's above.
     ("essa_qwen2p5_7b_gsm8k", ["--target", "tpu:v5p:2x2x2"], "cross-check: TPU compiler"),
@@ -62,13 +67,16 @@ def main() -> None:
         plans, rc, wall, last = run_case(config, args)
         if rc not in (0, 1):
             raise SystemExit(f"plan of {config} {' '.join(args)} failed (rc {rc}): {last[0]}")
+        overrides = [a for a in args if a.startswith("--config.")]
         for p in plans:
             p["case"] = why
+            p["overrides"] = overrides
             rows.append(p)
             table.append(
                 {
                     "config": config,
                     "target": p["target"].split(" (")[0],
+                    "mesh": "x".join(f"{k}{v}" for k, v in p["mesh"].items()),
                     "program": p["program"],
                     "GB/device": round(p["per_device_bytes"] / 1e9, 2),
                     "of GB": round(p["device_memory_bytes"] / 1e9, 1),

@@ -163,8 +163,8 @@ class ProgramPlan:
     chunks: the micro-batch sizes the program runs with (chosen from the budget when the config
     says 0). flops: XLA's cost analysis of one call, which counts a loop's body once, not once per
     trip (the layer scan, the decode loop, chunk maps): a lower bound. model_flops: the same call
-    counted from the model's shape (`model_flops`): matmuls and attention of every token of every
-    row, the figure to set against a chip's peak.
+    counted from the model's shape (`model_flops`): matmuls and attention of every token of the
+    device's rows, divided over the model axis: the figure to set against a chip's peak.
     """
 
     config: str
@@ -277,18 +277,44 @@ def model_flops(
 # -- the programs of a run ----------------------------------------------------------------------
 
 
+def _dp_mesh(config, target: Target) -> Any:
+    """The SFT / GRPO / evaluation mesh the run builds (`train.pipeline.data_parallel_mesh`) on the
+    target's devices: (pop 1, data N / model, model); None on one device."""
+    from essa_jax.mesh import make_mesh
+
+    n = target.num_devices
+    if n == 1:
+        return None
+    model = int(config.mesh.model)
+    return make_mesh(pop=1, data=n // model, model=model, devices=target.devices)
+
+
+def _mesh_sizes(mesh) -> dict[str, int]:
+    if mesh is None:
+        return {"devices": 1}
+    return dict(zip(mesh.axis_names, mesh.devices.shape, strict=True))
+
+
 def _programs(config, mc, target: Target) -> list[_Program]:
     import jax
     import jax.numpy as jnp
+    from jax.sharding import NamedSharding, PartitionSpec
 
     from essa_jax import lora as lora_lib
+    from essa_jax.mesh import place_params
     from essa_jax.models import init_params
     from essa_jax.models.generate import generate_jit
     from essa_jax.train.pipeline import DTYPES
 
     dtype = DTYPES[config.model.dtype]
-    one = _replicated(target.devices[:1])
+    mesh = _dp_mesh(config, target)
+    # Where the run keeps what every program shares: on one device without a mesh; replicated
+    # over the mesh with the base weights split over its model axis (`mesh.place_params`).
+    rep = _replicated(target.devices[:1]) if mesh is None else NamedSharding(mesh, PartitionSpec())
     params_shape = jax.eval_shape(lambda k: init_params(k, mc, dtype), jax.random.key(0))
+    base = _abstract(params_shape, rep)
+    if mesh is not None:
+        base = place_params(params_shape, mesh, mc)
     lora_config = lora_lib.LoraConfig(
         rank=config.lora.rank, alpha=float(config.lora.alpha), targets=tuple(config.lora.targets)
     )
@@ -299,35 +325,34 @@ def _programs(config, mc, target: Target) -> list[_Program]:
     tp = int(config.task.max_prompt_tokens)
     new = int(config.generation.max_new_tokens)
     eos = tuple(mc.eos_token_ids) or (0,)
-    key_data = jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=one)
     programs: list[_Program] = []
-    single = {"devices": 1}
-
-    def tokens(shape, sharding=one):
-        return jax.ShapeDtypeStruct(shape, jnp.int32, sharding=sharding)
 
     # SFT: prompt + reference answer, at most max_prompt_tokens + max_new_tokens long.
     if config.method == "sft" or config.sft.steps > 0:
-        programs.append(_sft_program(config, mc, params_shape, lora_shape, one, tp + new))
+        programs.append(_sft_program(config, mc, base, lora_shape, rep, mesh, tp + new))
 
     if config.method == "essa":
         programs.append(_essa_program(config, mc, params_shape, lora_shape, target, tp, new, eos))
     elif config.method in ("grpo", "fgrpo", "svdgrpo"):
-        programs += _grpo_programs(config, mc, params_shape, lora_shape, one, tp, new, eos)
+        programs += _grpo_programs(config, mc, base, lora_shape, rep, mesh, tp, new, eos)
 
     # Held-out evaluation: one batch of eval.batch_size prompts, greedy (pass@k sampling runs the
-    # same shapes with sampling on).
+    # same shapes with sampling on). The run evaluates with its weights as placed: on one device
+    # when mesh.model = 1, tensor-parallel over the model axis otherwise.
     bs = min(int(config.eval.batch_size), int(config.task.num_heldout))
-    params = _abstract(params_shape, one)
-    lora = _abstract(lora_shape, one)
+    tensor_parallel = mesh is not None and int(config.mesh.model) > 1
+    ev_rep = rep if tensor_parallel else _replicated(target.devices[:1])
+    ev_params = base if tensor_parallel else _abstract(params_shape, ev_rep)
+    lora = _abstract(lora_shape, ev_rep)
 
     def lower_eval():
+        tok = jax.ShapeDtypeStruct((bs, tp), jnp.int32, sharding=ev_rep)
         return generate_jit.lower(
-            params,
+            ev_params,
             mc,
-            tokens((bs, tp)),
-            tokens((bs, tp)),
-            key_data,
+            tok,
+            tok,
+            jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=ev_rep),
             max_new_tokens=new,
             greedy=True,
             lora=lora,
@@ -339,18 +364,21 @@ def _programs(config, mc, target: Target) -> list[_Program]:
         _Program(
             "heldout_eval",
             lower_eval,
-            single,
+            _mesh_sizes(mesh) if tensor_parallel else {"devices": 1},
             {"eval.batch_size": bs},
-            f"a smaller eval.batch_size (now {bs})",
+            f"a smaller eval.batch_size (now {bs}), or a larger mesh.model",
             model_flops(mc, bs, tp, new),
         )
     )
     return programs
 
 
-def _sft_program(config, mc, params_shape, lora_shape, one, seq_len) -> _Program:
+def _sft_program(config, mc, base, lora_shape, rep, mesh, seq_len) -> _Program:
     import jax
+    import jax.numpy as jnp
+    from jax.sharding import NamedSharding, PartitionSpec
 
+    from essa_jax.mesh import DATA_AXIS, axis_size, padded_size
     from essa_jax.train.sft import make_optimizer, sft_step
 
     optimizer = make_optimizer(
@@ -360,13 +388,17 @@ def _sft_program(config, mc, params_shape, lora_shape, one, seq_len) -> _Program
     )
     opt_shape = jax.eval_shape(optimizer.init, lora_shape)
     b = int(config.sft.batch_size)
+    data = axis_size(mesh, DATA_AXIS)
+    padded = padded_size(b, data)
+    rows = rep if mesh is None else NamedSharding(mesh, PartitionSpec(DATA_AXIS))
+    micro = int(config.sft.micro_batch_size)
 
     def lower():
-        tok = jax.ShapeDtypeStruct((b, seq_len), np.int32, sharding=one)
+        tok = jax.ShapeDtypeStruct((padded, seq_len), jnp.int32, sharding=rows)
         return sft_step.lower(
-            _abstract(lora_shape, one),
-            _abstract(opt_shape, one),
-            _abstract(params_shape, one),
+            _abstract(lora_shape, rep),
+            _abstract(opt_shape, rep),
+            base,
             mc,
             optimizer,
             tok,
@@ -374,16 +406,18 @@ def _sft_program(config, mc, params_shape, lora_shape, one, seq_len) -> _Program
             tok,
             remat=_remat(config),
             micro_batch_size=micro,
+            mesh=mesh,
         )
 
-    micro = int(config.sft.micro_batch_size)
+    per_device = padded // data
     return _Program(
         "sft_step",
         lower,
-        {"devices": 1},
-        {"sft.batch_size": b, "sft.micro_batch_size": micro or b, "sequence": seq_len},
-        "model.remat=True, a smaller sft.micro_batch_size",
-        model_flops(mc, b, seq_len, train=True, remat=_remat(config)),
+        _mesh_sizes(mesh),
+        {"sft.batch_size": b, "sft.micro_batch_size": micro or per_device, "sequence": seq_len},
+        "model.remat=True, a smaller sft.micro_batch_size (rows per device), or a larger "
+        "mesh.model",
+        model_flops(mc, per_device, seq_len, train=True, remat=_remat(config)),
     )
 
 
@@ -442,12 +476,14 @@ def _essa_program(config, mc, params_shape, lora_shape, target, tp, new, eos) ->
     )
 
 
-def _grpo_programs(config, mc, params_shape, lora_shape, one, tp, new, eos) -> list[_Program]:
+def _grpo_programs(config, mc, base, lora_shape, rep, mesh, tp, new, eos) -> list[_Program]:
     import jax
     import jax.numpy as jnp
+    from jax.sharding import NamedSharding, PartitionSpec
 
     from essa_jax import lora as lora_lib
     from essa_jax.config import grpo_config
+    from essa_jax.mesh import DATA_AXIS, axis_size, padded_size
     from essa_jax.rl.trainer import FrozenPolicy, GRPOTrainer, RolloutBatch
 
     c = config
@@ -455,61 +491,84 @@ def _grpo_programs(config, mc, params_shape, lora_shape, one, tp, new, eos) -> l
     if c.method == "svdgrpo":
         basis, layout = lora_lib.basis_shape(lora_shape, float(c.essa.alpha))
         to_lora = lora_lib.genome_to_lora(layout)
-        frozen = _abstract(basis, one)
-        trainable = jax.ShapeDtypeStruct((layout.size,), jnp.float32, sharding=one)
+        frozen = _abstract(basis, rep)
+        trainable = jax.ShapeDtypeStruct((layout.size,), jnp.float32, sharding=rep)
     else:
-        to_lora, frozen, trainable = lora_lib.plain_to_lora, None, _abstract(lora_shape, one)
+        to_lora, frozen, trainable = lora_lib.plain_to_lora, None, _abstract(lora_shape, rep)
+    # The trainer the GRPO loop builds (train/grpo.py): data-parallel over the run's mesh.
     trainer = GRPOTrainer(
-        mc, cfg, to_lora=to_lora, reward_fn=lambda *a, **k: [], decode=str, eos_token_ids=eos
+        mc,
+        cfg,
+        to_lora=to_lora,
+        reward_fn=lambda *a, **k: [],
+        decode=str,
+        eos_token_ids=eos,
+        mesh=mesh,
     )
-    policy = FrozenPolicy(base=_abstract(params_shape, one), adapter=frozen)
-    opt_state = _abstract(jax.eval_shape(trainer.optimizer.init, trainable), one)
+    policy = FrozenPolicy(base=base, adapter=frozen)
+    opt_state = _abstract(jax.eval_shape(trainer.optimizer.init, trainable), rep)
     num_prompts = int(c.grpo.batch_size) // int(c.grpo.group_size)
     rows, seq = int(c.grpo.batch_size), tp + new
     mb = rows // int(c.grpo.num_minibatches)
+    data = axis_size(mesh, DATA_AXIS)
+    sharded = rep if mesh is None else NamedSharding(mesh, PartitionSpec(DATA_AXIS))
+    sizes = _mesh_sizes(mesh)
 
-    def arr(shape, dtype=jnp.int32):
-        return jax.ShapeDtypeStruct(shape, dtype, sharding=one)
+    def arr(shape, dtype=jnp.int32, sharding=rep):
+        return jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)
 
     def lower_rollout():
+        if mesh is None:
+            key = arr((2,), jnp.uint32)
+        else:  # the sharded step passes a typed key
+            key = jax.eval_shape(lambda: jax.random.key(0))
+            key = jax.ShapeDtypeStruct(key.shape, key.dtype, sharding=rep)
         return trainer.rollout.lower(
-            policy, trainable, arr((num_prompts, tp)), arr((num_prompts, tp)), arr((2,), jnp.uint32)
+            policy, trainable, arr((num_prompts, tp)), arr((num_prompts, tp)), key
         )
 
     multi_update = cfg.epochs * cfg.num_minibatches > 1
     need_old = multi_update and not cfg.use_generation_logprobs
     need_ref = cfg.beta > 0
     has_old = need_old or cfg.use_generation_logprobs
+    mb_pad = padded_size(mb, data)
 
     def lower_update():
-        batch = RolloutBatch(
-            tokens=arr((mb, seq)),
-            attention_mask=arr((mb, seq)),
-            completion_mask=arr((mb, new), jnp.float32),
-            advantages=arr((mb,), jnp.float32),
-            old_logp=arr((mb, new), jnp.float32) if has_old else None,
-            ref_logp=arr((mb, new), jnp.float32) if need_ref else None,
-        )
-        return trainer.update_step.lower(policy, trainable, opt_state, batch)
+        def rows_of(shape, dtype=jnp.int32):
+            return arr((mb_pad, *shape), dtype, sharded)
 
+        batch = RolloutBatch(
+            tokens=rows_of((seq,)),
+            attention_mask=rows_of((seq,)),
+            completion_mask=rows_of((new,), jnp.float32),
+            advantages=rows_of((), jnp.float32),
+            old_logp=rows_of((new,), jnp.float32) if has_old else None,
+            ref_logp=rows_of((new,), jnp.float32) if need_ref else None,
+        )
+        if mesh is None:
+            return trainer.update_step.lower(policy, trainable, opt_state, batch)
+        return trainer.update_step.lower(policy, trainable, opt_state, batch, num_rows=mb)
+
+    per_device = padded_size(rows, data) // data
     programs = [
         _Program(
             "grpo_rollout",
             lower_rollout,
-            {"devices": 1},
-            {"rollout_rows": rows, "grpo.rows_per_chunk": cfg.rows_per_chunk or rows},
-            "a smaller grpo.rows_per_chunk, or a smaller grpo.batch_size",
-            model_flops(mc, rows, tp, new),
+            sizes,
+            {"rollout_rows_per_device": per_device, "grpo.rows_per_chunk": cfg.rows_per_chunk},
+            "a smaller grpo.rows_per_chunk, more devices, or a larger mesh.model",
+            model_flops(mc, per_device, tp, new),
         )
     ]
     if need_old or need_ref:
+        rows_pad = padded_size(rows, data)
 
         def lower_score():
             return trainer.score.lower(
                 policy,
                 trainable,
-                arr((rows, seq)),
-                arr((rows, seq)),
+                arr((rows_pad, seq), sharding=sharded),
+                arr((rows_pad, seq), sharding=sharded),
                 with_policy=need_old,
                 with_ref=need_ref,
             )
@@ -518,24 +577,26 @@ def _grpo_programs(config, mc, params_shape, lora_shape, one, tp, new, eos) -> l
             _Program(
                 "grpo_score",
                 lower_score,
-                {"devices": 1},
-                {"score_rows": rows},
-                "model.remat=True, a smaller grpo.batch_size",
-                model_flops(mc, rows, seq) * (int(need_old) + int(need_ref)),
+                sizes,
+                {"score_rows_per_device": per_device},
+                "model.remat=True, a smaller grpo.batch_size, or a larger mesh.model",
+                model_flops(mc, per_device, seq) * (int(need_old) + int(need_ref)),
             )
         )
+    mb_per_device = mb_pad // data
     programs.append(
         _Program(
             "grpo_update",
             lower_update,
-            {"devices": 1},
+            sizes,
             {
-                "minibatch_rows": mb,
-                "grpo.micro_batch_size": cfg.micro_batch_size or mb,
+                "minibatch_rows_per_device": mb_per_device,
+                "grpo.micro_batch_size": cfg.micro_batch_size or mb_per_device,
                 "sequence": seq,
             },
-            "model.remat=True, a smaller grpo.micro_batch_size, or more grpo.num_minibatches",
-            model_flops(mc, mb, seq, train=True, remat=_remat(config)),
+            "model.remat=True, a smaller grpo.micro_batch_size (rows per device), more "
+            "grpo.num_minibatches, or a larger mesh.model",
+            model_flops(mc, mb_per_device, seq, train=True, remat=_remat(config)),
         )
     )
     return programs
@@ -560,9 +621,12 @@ def plan_config(
     """
     from essa_jax.config import ConfigError, validate_config
 
+    from essa_jax.train.pipeline import check_data_parallel
+
     mc, _ = plan_model_config(config)
     try:
         validate_config(config, target.num_devices, model_config=mc)
+        check_data_parallel(config, _dp_mesh(config, target))
     except ConfigError as e:
         raise PlanError(str(e)) from None
     from essa_jax.models.generate import decode_layers
@@ -626,7 +690,8 @@ def _compile_all(config, mc, target, name, headroom, programs, log) -> list[Prog
             fits=total <= (1.0 - headroom) * target.device_memory_bytes,
             chunks=prog.chunks,
             flops=float((cost or {}).get("flops", 0.0)),
-            model_flops=float(prog.model_flops),
+            # Tensor parallelism splits every matmul over the model axis.
+            model_flops=float(prog.model_flops) / prog.mesh.get("model", 1),
             compile_s=round(dt, 2),
             fix="" if total <= (1.0 - headroom) * target.device_memory_bytes else prog.fix,
         )

@@ -55,7 +55,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from essa_jax.lora.adapter import master_weights
-from essa_jax.mesh import DATA_AXIS, axis_size, pad_to, padded_size, place
+from essa_jax.mesh import DATA_AXIS, axis_size, pad_to, padded_size, place, place_params
 from essa_jax.models.config import ModelConfig
 from essa_jax.models.generate import Generation, generate, generate_chunked
 from essa_jax.models.logprobs import sequence_logprobs
@@ -155,14 +155,12 @@ def _split_completion(lp: jax.Array, num_new: int) -> jax.Array:
 
 
 def place_base(params: Any, mesh: Mesh, model_config: ModelConfig) -> Any:
-    """Base weights on `mesh` for the data-parallel GRPO / SFT programs, once per run.
-
-    Replicated over every device for now (`essa_jax.mesh.place`); the one line to change for
-    weights split over the ``model`` axis is the return below (`mesh.place_params(params, mesh,
-    model_config)`): the programs keep ``model`` Auto, so they take either layout.
-    """
-    del model_config  # used by place_params
-    return place(params, mesh)
+    """Base weights on `mesh` for the data-parallel GRPO / SFT programs, once per run: split over
+    the ``model`` axis (tensor parallel, `essa_jax.mesh.place_params`) and replicated over
+    ``data``. The programs are manual over ``data`` only and keep ``model`` Auto, so XLA runs the
+    layers tensor-parallel from the weights' shardings (docs/ARCHITECTURE.md, "Tensor
+    parallelism")."""
+    return place_params(params, mesh, model_config)
 
 
 def on_mesh(tree: Any, mesh: Mesh) -> Any:

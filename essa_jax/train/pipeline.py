@@ -164,6 +164,16 @@ def build_run(config, workdir: str, *, verbose: bool = True) -> Run:
     width = max(train.tokens.shape[1], heldout.tokens.shape[1])
     train, heldout = train.pad_to(width, pad), heldout.pad_to(width, pad)
     sampler = Sampler(model_config, config.generation.max_new_tokens, eos, pad)
+    mesh = data_parallel_mesh(config)
+    if int(config.mesh.model) > 1:
+        from essa_jax.config import check_mesh_model
+        from essa_jax.mesh import place_params
+
+        # The shape known only now (e.g. a GGUF) gets the same check as at validation; then the
+        # weights are split over the model axis once, for every program of the run (held-out
+        # evaluation included: it runs tensor-parallel from the weights' shardings).
+        check_mesh_model(config.mesh, jax.device_count(), model_config)
+        params = place_params(params, mesh, model_config)
     run = Run(
         config=config,
         workdir=workdir,
@@ -177,7 +187,7 @@ def build_run(config, workdir: str, *, verbose: bool = True) -> Run:
         lora_config=lora_config,
         logger=MetricsLogger(workdir, write_files=_is_main()),
         verbose=verbose and _is_main(),
-        mesh=data_parallel_mesh(config),
+        mesh=mesh,
     )
     check_data_parallel(config, run.mesh)
     run.log(

@@ -32,6 +32,7 @@ def get_config():
     c.sft.steps = 750  # ~1 epoch at batch 16
     c.sft.batch_size = 16
     c.sft.learning_rate = 1e-4
+    c.sft.micro_batch_size = 2  # rows per device at a time (16 / data 4 = 4 rows each)
     c.essa.strategy = "cma_es"
     c.essa.population_size = 96
     c.essa.prompts_per_candidate = 100
@@ -42,6 +43,12 @@ def get_config():
     # Each candidate scores on its own mini-batch of prompts, as the ESSA paper does
     # (arXiv 2507.04453).
     c.essa.prompt_sampling = "per_candidate"
+    # Memory (python -m essa_jax.plan --devices 16 --device_memory_gb 80; plan.json): 65.5 GB of
+    # bf16 weights need the model axis. With mesh.model = 4 each device holds a quarter of them
+    # (tensor parallel); the population axis is 16 / 4 = 4, so each device group generates
+    # 24 members x 100 prompts = 2400 rows, in 10 chunks of 240.
+    c.mesh.model = 4
+    c.essa.rows_per_chunk = 240
     c.generation.max_new_tokens = 1024
     c.eval.every = 10
     c.eval.batch_size = 250

@@ -35,7 +35,7 @@ def get_config():
     c.sft.steps = 460  # ~1 epoch of 7.4k at batch 16
     c.sft.batch_size = 16
     c.sft.learning_rate = 2e-4  # paper: 1e-4 .. 5e-4 for 7B
-    c.sft.micro_batch_size = 4  # 4 accumulated micro-batches: fits 80 GB without remat
+    c.sft.micro_batch_size = 2  # rows per device at a time (16 / 8 devices): no remat needed
     c.essa.strategy = "cma_es"
     c.essa.population_size = 96  # paper default (24 .. 96)
     c.essa.prompts_per_candidate = 100  # "batch" 100 (100 .. 300)

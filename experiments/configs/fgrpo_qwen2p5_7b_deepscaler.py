@@ -34,7 +34,7 @@ def get_config():
     c.sft.steps = 100
     c.sft.batch_size = 16
     c.sft.learning_rate = 1e-4
-    c.sft.micro_batch_size = 4
+    c.sft.micro_batch_size = 1  # rows per device at a time (16 / 8 devices = 2 rows each)
     c.grpo.steps = 500
     c.grpo.batch_size = 512  # 64 prompts x N = 8
     c.grpo.group_size = 8
@@ -55,11 +55,11 @@ def get_config():
     c.eval.pass_k = (1, 8, 64, 256)
     c.eval.pass_k_problems = 100
     c.eval.batch_size = 64  # 64 rows x (512 + 4096) tokens of KV cache: ~17 GB
-    # Memory (python -m essa_jax.plan, 8 x 80 GB; experiments/results/plan.json): 512 rollouts of
-    # 4608 tokens are generated 64 rows at a time, and the update accumulates micro-batches of 4
-    # rows with per-layer activation checkpointing. (Part 1 runs GRPO on one device per process.)
+    # Memory (python -m essa_jax.plan, 8 x 80 GB; experiments/results/plan.json): data-parallel
+    # over 8 devices, each generates its 64 of the 512 rollouts of 4608 tokens (one chunk) and
+    # accumulates its update over micro-batches of 4 rows with per-layer activation checkpointing.
     c.model.remat = True
     c.grpo.rows_per_chunk = 64
-    c.grpo.micro_batch_size = 4
+    c.grpo.micro_batch_size = 4  # rows per device at a time (512 / 8 devices = 64 rows each)
     c.checkpoint.every = 25
     return c
