@@ -620,7 +620,6 @@ def plan_config(
     the target (e.g. a mesh that does not divide its devices).
     """
     from essa_jax.config import ConfigError, validate_config
-
     from essa_jax.train.pipeline import check_data_parallel
 
     mc, _ = plan_model_config(config)
