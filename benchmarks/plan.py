@@ -36,7 +36,18 @@ CASES = (
         "paper: 16 x H100",
     ),
     # The 7B ESSA config on a TPU v5e-16 slice (16 GB per chip), compiled by XLA's TPU compiler.
-    ("essa_qwen2p5_7b_gsm8k", ["--target", "tpu:v5e:4x4", "--config.mesh.model=4"], "TPU v5e-16"),
+    # 16 GB chips: the row chunk from the budget (0) and a smaller held-out batch.
+    (
+        "essa_qwen2p5_7b_gsm8k",
+        [
+            "--target",
+            "tpu:v5e:4x4",
+            "--config.mesh.model=4",
+            "--config.essa.rows_per_chunk=0",
+            "--config.eval.batch_size=100",
+        ],
+        "TPU v5e-16",
+    ),
     # The same 7B programs through XLA's TPU compiler (8 chips of a v5p slice, 95 GB each):
     # exact per-device bytes, next to the CPU compiler's approximation of a GPU's above.
     ("essa_qwen2p5_7b_gsm8k", ["--target", "tpu:v5p:2x2x2"], "cross-check: TPU compiler"),
