@@ -450,15 +450,8 @@ def validate_config(config, num_devices: int | None = None, *, model_config: Any
         )
     _check_positive("sft.batch_size", config.sft.batch_size)
     mbs = config.sft.micro_batch_size
-    if (
-        not isinstance(mbs, int)
-        or isinstance(mbs, bool)
-        or mbs < 0
-        or (mbs and config.sft.batch_size % mbs)
-    ):
-        raise ConfigError(
-            "sft.micro_batch_size", mbs, f"0 or divisors of sft.batch_size={config.sft.batch_size}"
-        )
+    if not isinstance(mbs, int) or isinstance(mbs, bool) or mbs < 0:
+        raise ConfigError("sft.micro_batch_size", mbs, "integers >= 0 (rows per device; 0 = all)")
     if not isinstance(config.model.remat, bool):
         raise ConfigError("model.remat", config.model.remat, "True | False")
     _check_positive("sft.learning_rate", config.sft.learning_rate)
@@ -534,14 +527,6 @@ def validate_config(config, num_devices: int | None = None, *, model_config: Any
                 g.num_minibatches,
                 f"divisors of grpo.batch_size={g.batch_size} (the rollouts of a step)",
             )
-        minibatch = g.batch_size // g.num_minibatches
-        if g.micro_batch_size and minibatch % g.micro_batch_size:
-            raise ConfigError(
-                "grpo.micro_batch_size",
-                g.micro_batch_size,
-                f"0 or divisors of the mini-batch, grpo.batch_size / grpo.num_minibatches = "
-                f"{minibatch}",
-            )
     ev = config.eval
     _check_positive("eval.every", ev.every, allow_zero=True)
     _check_positive("eval.pass_k_samples", ev.pass_k_samples, allow_zero=True)
@@ -554,6 +539,8 @@ def validate_config(config, num_devices: int | None = None, *, model_config: Any
     _check_positive("eval.batch_size", ev.batch_size)
     _check_positive("checkpoint.every", config.checkpoint.every, allow_zero=True)
     _check_positive("checkpoint.keep", config.checkpoint.keep)
+    # Last: the batch fields it reads are valid by now. Micro-batches count rows per device.
+    check_micro_batches(config, num_devices // config.mesh.model if num_devices > 1 else 1)
 
 
 # Where the experiment config holds each essa_jax.rl.GRPOConfig field other than grpo.<same name>.
@@ -566,6 +553,29 @@ GRPO_CONFIG_FIELDS = {
     "remat": "model.remat",
     "weighting": "method",
 }
+
+
+def check_micro_batches(config, data: int) -> None:
+    """`sft.micro_batch_size` and `grpo.micro_batch_size` against the rows each device holds: they
+    count rows per device (ceil(batch / data) on a mesh with `data` devices along its data axis,
+    docs/ARCHITECTURE.md "Data-parallel GRPO and SFT"); raises ConfigError naming the field."""
+    from essa_jax.rl import GRPOConfigError
+
+    mbs, batch = int(config.sft.micro_batch_size), int(config.sft.batch_size)
+    per_device = -(-batch // data)
+    if mbs and per_device % mbs:
+        raise ConfigError(
+            "sft.micro_batch_size",
+            mbs,
+            f"0 or divisors of the {per_device} rows each of the data={data} device(s) holds of "
+            f"sft.batch_size={batch}",
+            "micro_batch_size counts rows per device",
+        )
+    if config.method in ("grpo", "fgrpo", "svdgrpo"):
+        try:
+            grpo_config(config).check_batch(int(config.grpo.batch_size), data)
+        except GRPOConfigError as e:
+            raise ConfigError(f"grpo.{e.field}", e.value, e.valid, e.hint) from e
 
 
 def grpo_config(config):

@@ -36,7 +36,7 @@ import numpy as np
 
 from essa_jax import lora as lora_lib
 from essa_jax.checkpointing import Checkpointer, restore_checkpointer_with_fallback
-from essa_jax.config import RANDOM_PREFIX, ConfigError, grpo_config, validate_config
+from essa_jax.config import RANDOM_PREFIX, validate_config
 from essa_jax.evaluation import heldout_accuracy, heldout_pass_at_k
 from essa_jax.train import summary as summary_lib
 from essa_jax.train.metrics import MetricsLogger, Progress
@@ -117,27 +117,10 @@ def data_parallel_mesh(config) -> Any:
 def check_data_parallel(config, mesh: Any) -> None:
     """The micro-batch sizes against the rows each device holds (they count rows per device:
     ceil(batch / data)); raises ConfigError naming the field."""
+    from essa_jax.config import check_micro_batches
     from essa_jax.mesh import DATA_AXIS, axis_size
-    from essa_jax.rl import GRPOConfigError
 
-    data = axis_size(mesh, DATA_AXIS)
-    if data == 1:
-        return
-    mbs, batch = int(config.sft.micro_batch_size), int(config.sft.batch_size)
-    per_device = -(-batch // data)
-    if mbs and per_device % mbs:
-        raise ConfigError(
-            "sft.micro_batch_size",
-            mbs,
-            f"0 or divisors of the {per_device} rows each of the data={data} devices holds of "
-            f"sft.batch_size={batch}",
-            "micro_batch_size counts rows per device",
-        )
-    if config.method in ("grpo", "fgrpo", "svdgrpo"):
-        try:
-            grpo_config(config).check_batch(int(config.grpo.batch_size), data)
-        except GRPOConfigError as e:
-            raise ConfigError(f"grpo.{e.field}", e.value, e.valid, e.hint) from e
+    check_micro_batches(config, axis_size(mesh, DATA_AXIS))
 
 
 def _key_data(key: jax.Array) -> jax.Array:
