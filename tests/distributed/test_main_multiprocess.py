@@ -152,9 +152,16 @@ def test_two_processes_equal_one(tmp_path):
     flat_two = dict(jax.tree_util.tree_flatten_with_path(state_two)[0])
     assert len(flat_one) == len(flat_two)
     for path, leaf in flat_one:
-        np.testing.assert_array_equal(
-            np.asarray(flat_two[path]), np.asarray(leaf), err_msg=jax.tree_util.keystr(path)
-        )
+        a, b = np.asarray(flat_two[path]), np.asarray(leaf)
+        if np.issubdtype(b.dtype, np.floating):
+            # The SFT step is data-parallel over the processes' devices: its gradient sums in
+            # another order than on one device, so the SFT adapter (and the SVD basis from it)
+            # agree to float rounding; the search on top of it gave identical metrics above.
+            np.testing.assert_allclose(
+                a, b, rtol=2e-5, atol=1e-6, err_msg=jax.tree_util.keystr(path)
+            )
+        else:
+            np.testing.assert_array_equal(a, b, err_msg=jax.tree_util.keystr(path))
     assert np.linalg.norm(np.asarray(state_one["es"]["mean"])) > 0
 
     s_one = json.loads((one / "summary.json").read_text())
