@@ -455,6 +455,13 @@ class GRPOTrainer:
         argument (a memory planner: `update_step.lower(...).compile().memory_analysis()`).
         """
         (loss, aux), grads = self.loss_and_grad(policy, trainable, batch)
+        return self._apply(trainable, opt_state, loss, aux, grads)
+
+    def _apply(
+        self, trainable: Any, opt_state: Any, loss: jax.Array, aux: dict, grads: Any
+    ) -> tuple[Any, Any, dict[str, jax.Array]]:
+        """The optax update from a mini-batch's gradients, and the step's metrics (both update
+        steps, one device or data-parallel)."""
         updates, opt_state = self.optimizer.update(grads, opt_state, trainable)
         trainable = optax.apply_updates(trainable, updates)
         metrics = {
@@ -610,15 +617,7 @@ class GRPOTrainer:
         loss, aux, grads = self._shard(body, (P(), P(), P(DATA_AXIS)), (P(), P(), P()))(
             policy, trainable, batch
         )
-        updates, opt_state = self.optimizer.update(grads, opt_state, trainable)
-        trainable = optax.apply_updates(trainable, updates)
-        metrics = {
-            **aux,
-            "loss": loss,
-            "grad_norm": optax.tree.norm(grads),
-            "update_norm": optax.tree.norm(updates),
-        }
-        return trainable, opt_state, metrics
+        return self._apply(trainable, opt_state, loss, aux, grads)
 
     def _assemble_batch(
         self,

@@ -195,29 +195,21 @@ def sft_step(
     its ``data`` axis (`sft_loss_and_grad_sharded`; B a multiple of it, micro_batch_size rows per
     device); None = one device.
     """
-    if mesh is None:
-        loss, grads = sft_loss_and_grad(
-            lora,
-            params,
-            model_config,
-            tokens,
-            mask,
-            loss_mask,
-            remat=remat,
-            micro_batch_size=micro_batch_size,
-        )
-    else:
-        loss, grads = sft_loss_and_grad_sharded(
-            lora,
-            params,
-            model_config,
-            tokens,
-            mask,
-            loss_mask,
-            mesh=mesh,
-            remat=remat,
-            micro_batch_size=micro_batch_size,
-        )
+    loss_and_grad = (
+        sft_loss_and_grad
+        if mesh is None
+        else functools.partial(sft_loss_and_grad_sharded, mesh=mesh)
+    )
+    loss, grads = loss_and_grad(
+        lora,
+        params,
+        model_config,
+        tokens,
+        mask,
+        loss_mask,
+        remat=remat,
+        micro_batch_size=micro_batch_size,
+    )
     updates, opt_state = optimizer.update(grads, opt_state, lora)
     lora = optax.apply_updates(lora, updates)
     return lora, opt_state, {"loss": loss, "grad_norm": optax.tree.norm(grads)}
