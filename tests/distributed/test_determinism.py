@@ -9,13 +9,12 @@ mean must still be bit-identical. With a score of the greedy tokens alone, the f
 identical on all three layouts.
 """
 
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from procs import run_checked, worker_env
 
 ROOT = Path(__file__).resolve().parents[2]
 LAUNCHER = ROOT / "experiments" / "launch_local.py"
@@ -23,46 +22,16 @@ WORKER = Path(__file__).resolve().parent / "essa_worker.py"
 GENERATIONS = "3"
 
 
-def _env(tmp_path, devices=None):
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if k not in ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID")
-    }
-    # A compilation cache shared by the three runs: the 1x8 and 2x4 programs are alike.
-    env["JAX_COMPILATION_CACHE_DIR"] = str(tmp_path / "jax_cache")
-    env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
-    if devices is not None:
-        env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
-    return env
-
-
-def _run(cmd, env, timeout=420):
-    p = subprocess.Popen(
-        cmd,
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        out, _ = p.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(p.pid, 9)
-        out, _ = p.communicate()
-        pytest.fail(f"timed out after {timeout}s: {cmd}\n{out[-3000:]}")
-    assert p.returncode == 0, out[-4000:]
-
-
 @pytest.mark.multiprocess
 @pytest.mark.slow
 def test_essa_same_result_on_1_device_1x8_and_2x4(tmp_path):
     py = sys.executable
     for devices in (1, 8):
-        _run([py, str(WORKER), str(tmp_path / f"d{devices}"), GENERATIONS], _env(tmp_path, devices))
-    _run(
+        run_checked(
+            [py, str(WORKER), str(tmp_path / f"d{devices}"), GENERATIONS],
+            worker_env(tmp_path, devices),
+        )
+    run_checked(
         [
             py,
             str(LAUNCHER),
@@ -78,7 +47,7 @@ def test_essa_same_result_on_1_device_1x8_and_2x4(tmp_path):
             str(tmp_path / "p2"),
             GENERATIONS,
         ],
-        _env(tmp_path),
+        worker_env(tmp_path),
     )
 
     one = np.load(tmp_path / "d1" / "p0.npz")

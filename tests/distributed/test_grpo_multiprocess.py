@@ -7,13 +7,12 @@ rewards all-gathered, the update data-parallel. Both layouts put 2 rollouts on e
 so they compute the same programs per device.
 """
 
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from procs import run_checked, worker_env
 
 ROOT = Path(__file__).resolve().parents[2]
 LAUNCHER = ROOT / "experiments" / "launch_local.py"
@@ -21,44 +20,12 @@ WORKER = Path(__file__).resolve().parent / "grpo_worker.py"
 ROLLOUTS = 16
 
 
-def _env(tmp_path, devices=None):
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if k not in ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID")
-    }
-    env["JAX_COMPILATION_CACHE_DIR"] = str(tmp_path / "jax_cache")  # 1x8 and 2x4 compile alike
-    env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
-    if devices is not None:
-        env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
-    return env
-
-
-def _run(cmd, env, timeout=420):
-    p = subprocess.Popen(
-        cmd,
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        out, _ = p.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(p.pid, 9)
-        out, _ = p.communicate()
-        pytest.fail(f"timed out after {timeout}s: {cmd}\n{out[-3000:]}")
-    assert p.returncode == 0, out[-4000:]
-
-
 @pytest.mark.multiprocess
 @pytest.mark.slow
 def test_grpo_two_processes_equal_one_and_split_the_rollouts(tmp_path):
     py = sys.executable
-    _run([py, str(WORKER), str(tmp_path / "one")], _env(tmp_path, 8))
-    _run(
+    run_checked([py, str(WORKER), str(tmp_path / "one")], worker_env(tmp_path, 8))
+    run_checked(
         [
             py,
             str(LAUNCHER),
@@ -73,7 +40,7 @@ def test_grpo_two_processes_equal_one_and_split_the_rollouts(tmp_path):
             str(WORKER),
             str(tmp_path / "two"),
         ],
-        _env(tmp_path),
+        worker_env(tmp_path),
     )
     one = np.load(tmp_path / "one" / "p0.npz")
     two = [np.load(tmp_path / "two" / f"p{i}.npz") for i in range(2)]
