@@ -36,7 +36,8 @@ import re
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-import numpy as np
+# Bytes of a pytree's array leaves: the one count, in essa_jax.memory (re-exported here).
+from essa_jax.memory import tree_bytes  # noqa: F401
 
 KINDS = ("all-gather", "all-reduce", "reduce-scatter", "all-to-all", "collective-permute")
 
@@ -314,16 +315,6 @@ class TrafficEstimate:
     payload_bytes: float
     wire_bytes_per_device: float
     detail: dict[str, float]
-
-
-def tree_bytes(tree: Any) -> int:
-    """Bytes of all array leaves of a pytree (arrays or ShapeDtypeStructs)."""
-    import jax
-
-    total = 0
-    for leaf in jax.tree.leaves(tree):
-        total += int(np.prod(leaf.shape)) * np.dtype(leaf.dtype).itemsize
-    return total
 
 
 def _check_devices(num_devices: int) -> None:
