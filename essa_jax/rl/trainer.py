@@ -668,6 +668,23 @@ class GRPOTrainer:
         )
         comp_mask = gen.mask.astype(jnp.float32)
         advantages, weights = compute_advantages(rewards, cfg)
+        batch = self._batch(policy, trainable, gen, tokens, attn, comp_mask, advantages)
+        return batch, {"focal_weight_mean": jnp.mean(weights)}
+
+    def _batch(
+        self,
+        policy: FrozenPolicy,
+        trainable: Any,
+        gen: Generation,
+        tokens: jax.Array,
+        attn: jax.Array,
+        comp_mask: jax.Array,
+        advantages: jax.Array,
+    ) -> RolloutBatch:
+        """The optimisation batch of assembled rollout rows (one device or data-sharded): old
+        log-probs scored when several updates follow one rollout (or the generation's, with
+        use_generation_logprobs), reference log-probs when there is a KL term."""
+        cfg = self.cfg
         multi_update = cfg.epochs * cfg.num_minibatches > 1
         need_old = multi_update and not cfg.use_generation_logprobs
         need_ref = cfg.beta > 0
@@ -681,7 +698,7 @@ class GRPOTrainer:
             ref = None if ref is None else _split_completion(ref, num_new)
         if cfg.use_generation_logprobs:
             old = gen.logprobs
-        batch = RolloutBatch(
+        return RolloutBatch(
             tokens=tokens,
             attention_mask=attn,
             completion_mask=comp_mask,
@@ -689,7 +706,6 @@ class GRPOTrainer:
             old_logp=old,
             ref_logp=ref,
         )
-        return batch, {"focal_weight_mean": jnp.mean(weights)}
 
     def step(
         self,
@@ -889,26 +905,7 @@ class GRPOTrainer:
         tokens, attn, comp_mask, advantages = self._assemble(
             tokens, mask, gen, on_mesh(np.asarray(advantages), mesh)
         )
-        multi_update = cfg.epochs * cfg.num_minibatches > 1
-        need_old = multi_update and not cfg.use_generation_logprobs
-        need_ref = cfg.beta > 0
-        old = ref = None
-        if need_old or need_ref:
-            old, ref = self.score(
-                policy, params, tokens, attn, with_policy=need_old, with_ref=need_ref
-            )
-            old = None if old is None else _split_completion(old, cfg.max_new_tokens)
-            ref = None if ref is None else _split_completion(ref, cfg.max_new_tokens)
-        if cfg.use_generation_logprobs:
-            old = gen.logprobs
-        batch = RolloutBatch(
-            tokens=tokens,
-            attention_mask=attn,
-            completion_mask=comp_mask,
-            advantages=advantages,
-            old_logp=old,
-            ref_logp=ref,
-        )
+        batch = self._batch(policy, params, gen, tokens, attn, comp_mask, advantages)
         jax.block_until_ready(batch)
         t_score = time.perf_counter() - t0
 
