@@ -36,6 +36,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -134,8 +135,13 @@ def make_target(target: str | None, devices: int, device_memory_gb: float | None
         raise PlanError("--device_memory_gb: expected the memory of one device in GB (> 0)")
     import jax
 
+    # Never fewer CPU devices than the process asked for already (XLA_FLAGS): the setting holds
+    # for the whole process, and others in it (a test session) may need them.
+    asked = re.search(
+        r"--xla_force_host_platform_device_count=(\d+)", os.environ.get("XLA_FLAGS", "")
+    )
     try:
-        jax.config.update("jax_num_cpu_devices", max(devices, 1))
+        jax.config.update("jax_num_cpu_devices", max(devices, int(asked[1]) if asked else 1))
     except RuntimeError:
         pass  # backend already started (in tests): use the CPU devices it has
     real = jax.devices()
@@ -657,50 +663,46 @@ def _compile_all(config, mc, target, name, headroom, programs, log) -> list[Prog
     for prog in _programs(config, mc, target):
         if programs is not None and prog.name not in programs:
             continue
-        if prog.lower is None:  # refused before compiling (e.g. not one row fits)
-            plan = _unfit(prog, name, target, headroom)
-            if log is not None:
-                log(format_row(plan))
-            out.append(plan)
-            continue
-        t0 = time.perf_counter()
-        compiled = prog.lower().compile(compiler_options=_compiler_options(target))
-        dt = time.perf_counter() - t0
-        m = compiled.memory_analysis()
-        cost = compiled.cost_analysis()
-        cost = cost[0] if isinstance(cost, list | tuple) else cost
-        arg, outb = int(m.argument_size_in_bytes), int(m.output_size_in_bytes)
-        tmp, alias = int(m.temp_size_in_bytes), int(m.alias_size_in_bytes)
-        total = arg + outb + tmp - alias
-        plan = ProgramPlan(
-            config=name,
-            program=prog.name,
-            target=target.name,
-            compiler=target.compiler,
-            devices=target.num_devices,
-            mesh=prog.mesh,
-            argument_bytes=arg,
-            output_bytes=outb,
-            temp_bytes=tmp,
-            alias_bytes=alias,
-            per_device_bytes=total,
-            device_memory_bytes=target.device_memory_bytes,
-            headroom=headroom,
-            fits=total <= (1.0 - headroom) * target.device_memory_bytes,
-            chunks=prog.chunks,
-            flops=float((cost or {}).get("flops", 0.0)),
-            # Tensor parallelism splits every matmul over the model axis.
-            model_flops=float(prog.model_flops) / prog.mesh.get("model", 1),
-            compile_s=round(dt, 2),
-            fix="" if total <= (1.0 - headroom) * target.device_memory_bytes else prog.fix,
-        )
+        if prog.lower is None:  # refused before compiling (e.g. not one row fits): `fix` says why
+            plan = _row(prog, name, target, headroom)
+        else:
+            t0 = time.perf_counter()
+            compiled = prog.lower().compile(compiler_options=_compiler_options(target))
+            dt = time.perf_counter() - t0
+            cost = compiled.cost_analysis()
+            cost = cost[0] if isinstance(cost, list | tuple) else cost
+            plan = _row(
+                prog,
+                name,
+                target,
+                headroom,
+                memory=compiled.memory_analysis(),
+                flops=float((cost or {}).get("flops", 0.0)),
+                compile_s=round(dt, 2),
+            )
         if log is not None:
             log(format_row(plan))
         out.append(plan)
     return out
 
 
-def _unfit(prog: _Program, name: str, target: Target, headroom: float) -> ProgramPlan:
+def _row(
+    prog: _Program,
+    name: str,
+    target: Target,
+    headroom: float,
+    memory: Any = None,
+    flops: float = 0.0,
+    compile_s: float = 0.0,
+) -> ProgramPlan:
+    """The `ProgramPlan` of `prog` from XLA's memory analysis; without one (a program refused
+    before compiling) its bytes are 0 and it does not fit."""
+    arg = int(memory.argument_size_in_bytes) if memory else 0
+    outb = int(memory.output_size_in_bytes) if memory else 0
+    tmp = int(memory.temp_size_in_bytes) if memory else 0
+    alias = int(memory.alias_size_in_bytes) if memory else 0
+    total = arg + outb + tmp - alias
+    fits = memory is not None and total <= (1.0 - headroom) * target.device_memory_bytes
     return ProgramPlan(
         config=name,
         program=prog.name,
@@ -708,19 +710,20 @@ def _unfit(prog: _Program, name: str, target: Target, headroom: float) -> Progra
         compiler=target.compiler,
         devices=target.num_devices,
         mesh=prog.mesh,
-        argument_bytes=0,
-        output_bytes=0,
-        temp_bytes=0,
-        alias_bytes=0,
-        per_device_bytes=0,
+        argument_bytes=arg,
+        output_bytes=outb,
+        temp_bytes=tmp,
+        alias_bytes=alias,
+        per_device_bytes=total,
         device_memory_bytes=target.device_memory_bytes,
         headroom=headroom,
-        fits=False,
+        fits=fits,
         chunks=prog.chunks,
-        flops=0.0,
-        model_flops=0.0,
-        compile_s=0.0,
-        fix=prog.fix,
+        flops=flops,
+        # Tensor parallelism splits every matmul over the model axis.
+        model_flops=float(prog.model_flops) / prog.mesh.get("model", 1) if memory else 0.0,
+        compile_s=compile_s,
+        fix="" if fits else prog.fix,
     )
 
 
