@@ -6,7 +6,7 @@ SECTION ?= all
 CONFIG ?= experiments/configs/essa_smollm2_arith.py
 WORKDIR ?= runs/essa_smollm2_arith
 
-.PHONY: install test test-fast run bench plan lint format clean
+.PHONY: install test test-fast run bench bench-device plan lint format clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -36,6 +36,12 @@ plan: $(VENV)/.installed
 
 bench: $(VENV)/.installed
 	$(BIN)/python -m benchmarks.run --section $(SECTION)
+
+# One NVIDIA GPU with a preinstalled CUDA JAX, nothing installed (benchmarks/device_check.sh says
+# which packages travel as wheels): make bench-device [DEVICE_ARGS="--model Qwen2.5-7B"]
+DEVICE_ARGS ?=
+bench-device:
+	benchmarks/device_check.sh $(DEVICE_ARGS)
 
 lint: $(VENV)/.installed
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .

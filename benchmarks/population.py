@@ -41,11 +41,23 @@ Run: `.venv/bin/python -m benchmarks.population` (writes experiments/results/pop
 Only the interleaved ratio: `.venv/bin/python -m benchmarks.population --only-ratio`; this updates
 the ratio keys of an existing results file and keeps the rest (the variants' machine description is
 kept as `variants_machine`). `--results PATH` writes elsewhere (smoke tests).
+
+Memory: `.venv/bin/python -m benchmarks.population --memory` (`make bench
+SECTION=population_memory`; writes experiments/results/population_memory.json). For population,
+plain and merged at each P, in a fresh subprocess: the RSS increase of compiling the variant's
+program (`jax.jit(fn).lower(...).compile()` of the very call the variant times, weights as
+arguments), XLA's `memory_analysis()` of it (argument / output / temp / generated-code bytes; the
+CPU backend reports no generated-code size), the bytes of the stacked layer weights next to the
+temp bytes (`temp_over_layer_weights`: generate's decode loop holds a per-layer copy of them), and
+the peak RSS increase of one call of the compiled program (merged: P <= 8 only). Sizes, not times:
+they do not depend on machine load; the compile's RSS increase does vary from process to process,
+so population and plain compile in --memory-repeats processes (default 3) and the spread is kept.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime as _dt
 import json
 import os
 import subprocess
@@ -104,6 +116,60 @@ def _setup(members: int):
     return config, params, lc, basis, layout, genomes, tokens, mask
 
 
+def _program(variant: str, setup: tuple) -> tuple[Callable[..., Any], dict, dict]:
+    """The function a jax variant calls, its array arguments and its static ones.
+
+    `fn(**arrays, **static)` is one call of the variant (population, plain, merged); `_runner`
+    times exactly that call and `_memory_worker` compiles it with
+    `jax.jit(fn, static_argnames=static).lower(**arrays, **static).compile()`, so the weights are
+    arguments of the compiled program, not constants folded into it.
+    """
+    import jax
+    import jax.numpy as jnp
+
+    config, params, lc, basis, layout, genomes, tokens, mask = setup
+    p, b, t = tokens.shape
+    key = jax.random.key(0)
+    gen_kw = dict(max_new_tokens=NEW_TOKENS, greedy=True, eos_token_ids=())
+
+    if variant == "population":
+        from essa_jax.population import population_generate
+
+        arrays = {
+            "params": params,
+            "basis": basis,
+            "genomes": genomes,
+            "prompt_tokens": tokens,
+            "prompt_mask": mask,
+            "key": key,
+        }
+        return population_generate, arrays, dict(config=config, layout=layout, **gen_kw)
+
+    if variant == "plain":
+        from essa_jax.models import generate_jit
+
+        flat_t, flat_m = jnp.asarray(tokens.reshape(p * b, t)), jnp.asarray(mask.reshape(p * b, t))
+        arrays = dict(params=params, prompt_tokens=flat_t, prompt_mask=flat_m, key=key)
+        return generate_jit, arrays, dict(config=config, **gen_kw)
+
+    if variant == "merged":
+        from essa_jax.lora import merge_lora, svd_lora_to_lora
+        from essa_jax.models import generate
+
+        @jax.jit
+        def merged(params, basis, genomes, tokens, mask):
+            def member(genome, tok, msk):
+                merged_params = merge_lora(params, svd_lora_to_lora(basis, layout, genome))
+                return generate(merged_params, config, tok, msk, key, **gen_kw).tokens
+
+            return jax.vmap(member)(genomes, tokens, mask)
+
+        arrays = dict(params=params, basis=basis, genomes=genomes, tokens=tokens, mask=mask)
+        return merged, arrays, {}
+
+    raise ValueError(f"no single-program form for variant {variant!r}")
+
+
 def _runner(variant: str, setup: tuple) -> Callable[[], Any]:
     """A no-argument function that generates all P*B rows with `variant` (jax variants only).
 
@@ -117,36 +183,12 @@ def _runner(variant: str, setup: tuple) -> Callable[[], Any]:
     key = jax.random.key(0)
     gen_kw = dict(max_new_tokens=NEW_TOKENS, greedy=True, eos_token_ids=())
 
-    if variant == "population":
-        from essa_jax.population import population_generate
+    if variant in ("population", "plain", "merged"):
+        fn, arrays, static = _program(variant, setup)
 
         def run():
-            return population_generate(
-                params, config, basis, layout, genomes, tokens, mask, key, **gen_kw
-            ).tokens
-
-    elif variant == "plain":
-        from essa_jax.models import generate_jit
-
-        flat_t, flat_m = jnp.asarray(tokens.reshape(p * b, t)), jnp.asarray(mask.reshape(p * b, t))
-
-        def run():
-            return generate_jit(params, config, flat_t, flat_m, key, **gen_kw).tokens
-
-    elif variant == "merged":
-        from essa_jax.lora import merge_lora, svd_lora_to_lora
-        from essa_jax.models import generate
-
-        @jax.jit
-        def merged(params, basis, genomes, tokens, mask):
-            def member(genome, tok, msk):
-                merged_params = merge_lora(params, svd_lora_to_lora(basis, layout, genome))
-                return generate(merged_params, config, tok, msk, key, **gen_kw).tokens
-
-            return jax.vmap(member)(genomes, tokens, mask)
-
-        def run():
-            return merged(params, basis, genomes, tokens, mask)
+            out = fn(**arrays, **static)
+            return out if variant == "merged" else out.tokens
 
     elif variant == "sequential":
         from essa_jax.lora import svd_lora_to_lora
@@ -189,6 +231,96 @@ def _worker(variant: str, members: int, repeats: int, out_dir: Path) -> dict:
     stats = time_fn(run, repeats=repeats, warmup=1)
     np.save(out_dir / f"{variant}_{members}.npy", np.asarray(run()).reshape(p, b, NEW_TOKENS))
     return {**stats, "baseline_rss_mb": baseline, "peak_rss_mb": peak_rss_mb()}
+
+
+def _rss_mib() -> tuple[float, float]:
+    """(current RSS, peak RSS since the last `_reset_peak_rss`) of this process in MiB."""
+    fields = {}
+    with open("/proc/self/status") as f:
+        for line in f:
+            key, _, value = line.partition(":")
+            if key in ("VmRSS", "VmHWM"):
+                fields[key] = int(value.split()[0]) / 1024.0  # kB
+    return fields["VmRSS"], fields["VmHWM"]
+
+
+def _reset_peak_rss() -> bool:
+    """Reset the kernel's peak-RSS mark (VmHWM) to the current RSS; False where not allowed."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def _memory_worker(variant: str, members: int, execute: bool) -> dict:
+    """XLA's memory analysis and the RSS cost of compiling (and running) one variant's program.
+
+    The program is `jax.jit(fn, static_argnames=...).lower(**arrays, **static).compile()` of the
+    very call the variant times (`_program`). RSS is read from /proc/self/status: VmRSS before
+    and after each phase and VmHWM (reset before each phase) for the phase's peak.
+    """
+    import gc
+
+    import jax
+
+    setup = _setup(members)
+    config, params = setup[0], setup[1]
+    fn, arrays, static = _program(variant, setup)
+    jax.block_until_ready(arrays)
+    gc.collect()
+    leaves = jax.tree.leaves(params["layers"])
+    layer_bytes = sum(x.nbytes for x in leaves)
+    res: dict[str, Any] = {
+        "layer_weights_bytes": layer_bytes,
+        "layer_weights_mib": layer_bytes / 2**20,
+        "params_bytes": sum(x.nbytes for x in jax.tree.leaves(params)),
+        "num_layers": config.num_layers,
+        "peak_reset": _reset_peak_rss(),
+    }
+    rss0, _ = _rss_mib()
+    t0 = time.perf_counter()
+    compiled = jax.jit(fn, static_argnames=tuple(static)).lower(**arrays, **static).compile()
+    res["compile_s"] = time.perf_counter() - t0
+    rss1, hwm1 = _rss_mib()
+    res.update(
+        rss_before_compile_mib=rss0,
+        rss_after_compile_mib=rss1,
+        compile_rss_increase_mib=rss1 - rss0,
+        compile_peak_rss_increase_mib=hwm1 - rss0 if res["peak_reset"] else None,
+    )
+    stats = compiled.memory_analysis()
+    xla = {
+        name: int(getattr(stats, name))
+        for name in dir(stats)
+        if name.endswith("_in_bytes") and isinstance(getattr(stats, name), int)
+    }
+    res["memory_analysis"] = xla
+    temp = xla.get("temp_size_in_bytes", 0)
+    res.update(
+        temp_mib=temp / 2**20,
+        argument_mib=xla.get("argument_size_in_bytes", 0) / 2**20,
+        output_mib=xla.get("output_size_in_bytes", 0) / 2**20,
+        generated_code_mib=xla.get("generated_code_size_in_bytes", 0) / 2**20,
+        temp_over_layer_weights=temp / layer_bytes,
+        temp_minus_layer_weights_mib=(temp - layer_bytes) / 2**20,
+    )
+    if execute:
+        _reset_peak_rss()
+        rss2, _ = _rss_mib()
+        t0 = time.perf_counter()
+        out = jax.block_until_ready(compiled(**arrays))
+        res["run_s"] = time.perf_counter() - t0
+        rss3, hwm3 = _rss_mib()
+        del out
+        res.update(
+            rss_before_run_mib=rss2,
+            run_peak_rss_increase_mib=hwm3 - rss2 if res["peak_reset"] else None,
+            run_rss_increase_kept_mib=rss3 - rss2,
+        )
+    res["process_peak_rss_mib"] = peak_rss_mb()
+    return res
 
 
 def _ratio_worker(members: int, rounds: int) -> dict:
@@ -326,7 +458,13 @@ def _spawn(variant: str, members: int, repeats: int, out_dir: Path, rounds: int 
         return {"error": tail.strip().splitlines()[-1] if tail.strip() else f"rc={proc.returncode}"}
     res = json.loads(lines[-1][len("RESULT ") :])
     res["process_wall_s"] = wall
-    if variant == "ratio":
+    if variant.startswith("memory-"):
+        print(
+            f"[{variant} P={members}] compile +{res['compile_rss_increase_mib']:.0f} MiB RSS, "
+            f"temp {res['temp_mib']:.0f} MiB ({wall:.0f} s)",
+            flush=True,
+        )
+    elif variant == "ratio":
         print(
             f"[ratio P={members}] median {res['median']:.4f} (IQR {res['iqr']:.4f}, "
             f"min-time {res['min_time_ratio']:.4f}, {res['rounds']} rounds, {wall:.0f} s)",
@@ -372,6 +510,69 @@ def _measure_ratios(sizes: list[int], rounds: int, out_dir: Path) -> tuple[dict,
             }
         )
     return summary, rows
+
+
+MEMORY_VARIANTS = ("population", "plain", "merged")
+MEMORY_NOTE = (
+    "Memory figures do not depend on machine load: they are sizes, not times (compile_s and run_s "
+    "do depend on it and are given only as context). XLA's memory_analysis is the same in every "
+    "run; the RSS increase of a compile varies from process to process (allocator arenas, XLA's "
+    "compile threads), so population and plain are compiled in `compile_repeats` fresh processes "
+    "each and compile_rss_increase_mib_runs / _min / _median / _max give the spread (the first "
+    "process also runs the program once)."
+)
+
+
+def _measure_memory(sizes: list[int], out_dir: Path, repeats: int) -> tuple[dict, list[dict]]:
+    """`--memory`: one fresh subprocess per (variant, P); results keyed `{variant}_p{P}`, rows.
+
+    Every program is compiled; population and plain are then run once (the run's peak RSS above
+    the RSS before it), merged only at P <= 8 (at P = 32 it would hold ~10 GB of merged kernels).
+    Population and plain are compiled in `repeats` processes in all (the compile's RSS increase
+    varies between processes), merged in one.
+    """
+    results, rows = {}, []
+    for p in sizes:
+        for variant in MEMORY_VARIANTS:
+            execute = variant != "merged" or p <= 8
+            res = _spawn(f"memory-{variant}", p, int(execute), out_dir)
+            results[f"{variant}_p{p}"] = res
+            if "error" in res:
+                rows.append({"variant": variant, "P": p, "note": res["error"][:60]})
+                continue
+            runs = [res["compile_rss_increase_mib"]]
+            for _ in range(repeats - 1 if variant != "merged" else 0):
+                more = _spawn(f"memory-{variant}", p, 0, out_dir)
+                if "error" not in more:
+                    runs.append(more["compile_rss_increase_mib"])
+            res.update(
+                compile_repeats=len(runs),
+                compile_rss_increase_mib_runs=runs,
+                compile_rss_increase_mib_min=min(runs),
+                compile_rss_increase_mib_median=float(np.median(runs)),
+                compile_rss_increase_mib_max=max(runs),
+            )
+            ma = res["memory_analysis"]
+            rows.append(
+                {
+                    "variant": variant,
+                    "P": p,
+                    "compile_rss_mib": res["compile_rss_increase_mib"],
+                    "compile_peak_mib": res["compile_peak_rss_increase_mib"],
+                    "compile_rss_med": res["compile_rss_increase_mib_median"],
+                    "compile_rss_min": min(runs),
+                    "compile_rss_max": max(runs),
+                    "arg_mib": ma.get("argument_size_in_bytes", 0) / 2**20,
+                    "out_mib": ma.get("output_size_in_bytes", 0) / 2**20,
+                    "temp_mib": res["temp_mib"],
+                    "code_mib": res["generated_code_mib"],
+                    "layers_mib": res["layer_weights_mib"],
+                    "temp/layers": res["temp_over_layer_weights"],
+                    "run_peak_mib": res.get("run_peak_rss_increase_mib"),
+                    "compile_s": res["compile_s"],
+                }
+            )
+    return results, rows
 
 
 def _write(results: dict, path: Path | None) -> None:
@@ -420,6 +621,19 @@ def main() -> None:
         "file and keeps the rest",
     )
     parser.add_argument(
+        "--memory",
+        action="store_true",
+        help="memory mode: RSS cost of compiling and running, and XLA's memory_analysis, of the "
+        "population / plain / merged programs; writes "
+        f"{RESULTS_DIR / 'population_memory.json'} (or --results)",
+    )
+    parser.add_argument(
+        "--memory-repeats",
+        type=int,
+        default=3,
+        help="--memory: fresh processes that compile population / plain (RSS spread)",
+    )
+    parser.add_argument(
         "--results",
         type=Path,
         default=None,
@@ -428,6 +642,10 @@ def main() -> None:
     args = parser.parse_args()
     if args.worker == "ratio":
         print("RESULT " + json.dumps(_ratio_worker(args.members, args.rounds)), flush=True)
+        return
+    if args.worker and args.worker.startswith("memory-"):
+        res = _memory_worker(args.worker[len("memory-") :], args.members, args.repeats > 0)
+        print("RESULT " + json.dumps(res), flush=True)
         return
     if args.worker:
         res = _worker(args.worker, args.members, args.repeats, Path(args.out))
@@ -442,6 +660,43 @@ def main() -> None:
         f"{PROMPTS_PER_MEMBER} prompts x {PROMPT_LEN} tokens, {NEW_TOKENS} new tokens)"
     )
     ratio_title = f"population / plain, interleaved in one process ({args.rounds} rounds)"
+
+    if args.memory:
+        if args.only_ratio:
+            parser.error("--memory and --only-ratio are separate modes")
+        if args.memory_repeats < 1:
+            parser.error("--memory-repeats must be >= 1")
+        with tempfile.TemporaryDirectory() as tmp:
+            mem_results, mem_rows = _measure_memory(sizes, Path(tmp), args.memory_repeats)
+        print_table(mem_rows, f"memory: {title}")
+        first = next((r for r in mem_results.values() if "layer_weights_bytes" in r), {})
+        _write(
+            {
+                "date": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+                "note": MEMORY_NOTE,
+                "setup": {
+                    **{k: v for k, v in _setup_info(0).items() if k not in ("ratio_vs_plain",)},
+                    "units": "MiB = 2**20 bytes (as peak_rss_mb in population.json); XLA's "
+                    "figures also in bytes under memory_analysis",
+                    "memory": "one fresh subprocess per variant and P; RSS from "
+                    "/proc/self/status: compile_rss_increase_mib = VmRSS after - before "
+                    "lower().compile(); compile_peak_rss_increase_mib = VmHWM (reset via "
+                    "/proc/self/clear_refs before the compile) - VmRSS before; "
+                    "run_peak_rss_increase_mib: the same for one call of the compiled "
+                    "program; memory_analysis = compiled.memory_analysis() of "
+                    "jax.jit(fn).lower(...).compile() of the call the variant times "
+                    "(weights are arguments, not constants)",
+                    "timing": "compile_s / run_s: one call each, machine load not controlled",
+                },
+                "layer_weights_bytes": first.get("layer_weights_bytes"),
+                "layer_weights_mib": first.get("layer_weights_mib"),
+                "params_bytes": first.get("params_bytes"),
+                "rows": mem_rows,
+                **mem_results,
+            },
+            args.results or RESULTS_DIR / "population_memory.json",
+        )
+        return
 
     if args.only_ratio:
         with tempfile.TemporaryDirectory() as tmp:

@@ -1,8 +1,9 @@
 """`make bench [SECTION=name]`: run one benchmark section or all of them.
 
 Each section is a module `benchmarks/<section>.py` with a `main()` that prints a table and writes
-`experiments/results/<result>.json`. Sections run in separate processes so that peak-memory numbers
-and thread settings of one do not leak into the next.
+`experiments/results/<result>.json`; a section in MODES is another section's module run with
+arguments (population_memory: `benchmarks/population.py --memory`). Sections run in separate
+processes so that peak-memory numbers and thread settings of one do not leak into the next.
 """
 
 from __future__ import annotations
@@ -11,7 +12,20 @@ import argparse
 import subprocess
 import sys
 
-SECTIONS = ("model", "population", "strategies", "grpo", "rewards", "scaling", "plan")
+SECTIONS = (
+    "model",
+    "population",
+    "population_memory",
+    "strategies",
+    "grpo",
+    "rewards",
+    "scaling",
+    "plan",
+    "quantization",
+)
+
+# Sections run as another section's module with arguments: name -> (module, arguments).
+MODES = {"population_memory": ("population", ("--memory",))}
 
 
 def main() -> None:
@@ -24,7 +38,8 @@ def main() -> None:
     failed = []
     for name in chosen:
         print(f"\n######## benchmark section: {name} ########", flush=True)
-        rc = subprocess.call([sys.executable, "-m", f"benchmarks.{name}"])
+        module, extra = MODES.get(name, (name, ()))
+        rc = subprocess.call([sys.executable, "-m", f"benchmarks.{module}", *extra])
         if rc != 0:
             failed.append(name)
     if failed:

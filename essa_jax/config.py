@@ -48,6 +48,10 @@ def base_config() -> ml_collections.ConfigDict:
     #            (ESSA's SVD-GRPO baseline, Sec. 5). "sft": SFT only, then evaluate.
     c.method = "essa"
     c.seed = 0
+    # Seed of the training loop alone (ESSA's search and fitness prompts, GRPO's sampling and
+    # prompt order); -1 = `seed`. Task data, the SFT adapter and evaluation stay on `seed`, so
+    # runs that differ only here start from one SFT adapter (the seeds of an ablation cell).
+    c.search_seed = -1
     # Wall-clock budget of the ES / RL phase in seconds (after SFT); 0 = none. Both loops stop at
     # the first step boundary past it, so equal budgets compare methods at equal cost.
     c.max_wall_seconds = 0.0
@@ -62,6 +66,15 @@ def base_config() -> ml_collections.ConfigDict:
     # Checkpoint each decoder layer in the SFT and GRPO training passes (jax.checkpoint): the same
     # gradients, activation memory of one layer plus each layer's input, ~1 more forward of compute.
     c.model.remat = False
+    # Weight-only quantisation of the base's projections (q k v o gate up down) for every program
+    # after SFT: ESSA's population, GRPO's rollouts / scoring / updates (QLoRA-style: the gradient
+    # reaches the adapter through the dequantised frozen weights), held-out evaluation and pass@k.
+    # SFT, the warm start, trains on the float weights as loaded, so runs that differ only here
+    # share one SFT adapter. "none" | "int8" (one scale per output channel) | "int4" (one per
+    # `quant_group` input values); a GGUF's Q8_0 / Q4_0 / Q4_1 blocks load as they are
+    # (essa_jax.models.quant; docs/ARCHITECTURE.md, "Quantised inference").
+    c.model.quantize = "none"
+    c.model.quant_group = 32  # int4: input values per scale (must divide every projection input)
     # The checkpoint's public name (e.g. "Qwen2.5-Math-7B"): documents the config and gives the
     # ahead-of-time plan (python -m essa_jax.plan) the model's shape (essa_jax.models.shapes) when
     # model.path holds no config.json. "" = take the shape from model.path.
@@ -74,6 +87,10 @@ def base_config() -> ml_collections.ConfigDict:
     c.task.path = ""  # local train file / folder (gsm8k, MATH-style, generic); "" = generated
     c.task.eval_path = ""  # local held-out file; "" = split `eval_fraction` off `path`
     c.task.eval_fraction = 0.05
+    # A malformed row of a task file (missing / empty question or answer, invalid JSON, no
+    # extractable answer): "error" = stop with one line naming the file and row; "skip" = drop it,
+    # counted in the load line and in summary.json.
+    c.task.on_malformed = "error"
     # essa_jax.data prompt format: "prefill" (chat + the assistant turn started with "A + B = "),
     # "assistant" (only the assistant header + "A + B = ": the shortest), "chat", "plain" (base
     # models), "few_shot".
@@ -226,6 +243,11 @@ def base_config() -> ml_collections.ConfigDict:
     return c
 
 
+def search_seed(config) -> int:
+    """The training loop's seed: `config.search_seed`, or `config.seed` when it is -1."""
+    return int(config.seed if config.search_seed < 0 else config.search_seed)
+
+
 def model_dims(config) -> dict[str, tuple[int, int]] | None:
     """(in, out) of every LoRA target, read cheaply (no weights) from the model's config.
 
@@ -330,6 +352,7 @@ def check_task_config(task, *, check_paths: bool = True) -> None:
         raise ConfigError(
             "task.prompt_format", task.prompt_format, " | ".join(map(repr, PROMPT_FORMATS))
         )
+    _check_choice("task.on_malformed", task.on_malformed, ("error", "skip"))
     if task.reward and task.reward not in REWARDS:
         raise ConfigError("task.reward", task.reward, "'' (by format) | " + " | ".join(REWARDS))
     if (is_generated_task(task.name) and not task.path) or not check_paths:
@@ -391,6 +414,26 @@ def check_mesh_model(mesh, num_devices: int, model_config: Any = None) -> None:
         raise ConfigError("mesh.model", model, f"{valid} ({about})")
 
 
+def _check_quantization(model, model_config: Any = None) -> None:
+    """`model.quantize` and, for int4, `model.quant_group` (against the projections' input sizes
+    when the model's shape can be read without its weights)."""
+    from essa_jax.models.quant import QUANT_MODES, check_group
+
+    _check_choice("model.quantize", model.quantize, QUANT_MODES)
+    group = model.quant_group
+    if isinstance(group, bool) or not isinstance(group, int) or group < 1:
+        raise ConfigError("model.quant_group", group, "integers >= 1 (32 = GGUF's block)")
+    if model.quantize != "int4":
+        return
+    shape = model_config if model_config is not None else _peek_or_none(model.path)
+    if shape is not None:
+        try:
+            check_group(shape, group)
+        except ValueError as e:
+            valid = str(e).split("valid values are ")[1]
+            raise ConfigError("model.quant_group", group, valid) from None
+
+
 def validate_config(config, num_devices: int | None = None, *, model_config: Any = None) -> None:
     """Check every field against the others and the model's dims; raise ConfigError on the first.
 
@@ -406,6 +449,8 @@ def validate_config(config, num_devices: int | None = None, *, model_config: Any
         _check_model_path(config.model.path)
     if not isinstance(config.seed, int):
         raise ConfigError("seed", config.seed, "integers")
+    if not isinstance(config.search_seed, int) or config.search_seed < -1:
+        raise ConfigError("search_seed", config.search_seed, "-1 (= seed) or integers >= 0")
     _check_positive("max_wall_seconds", config.max_wall_seconds, allow_zero=True)
 
     # Task.
@@ -454,6 +499,7 @@ def validate_config(config, num_devices: int | None = None, *, model_config: Any
         raise ConfigError("sft.micro_batch_size", mbs, "integers >= 0 (rows per device; 0 = all)")
     if not isinstance(config.model.remat, bool):
         raise ConfigError("model.remat", config.model.remat, "True | False")
+    _check_quantization(config.model, model_config)
     _check_positive("sft.learning_rate", config.sft.learning_rate)
 
     num_devices = _device_count() if num_devices is None else num_devices

@@ -85,10 +85,17 @@ def run_from_flags(holders: dict[str, Any]) -> int:
         return 2
     from essa_jax.data.loading import MalformedRowError
     from essa_jax.models import CheckpointError, UnsupportedModelError
+    from essa_jax.rewards import RewardFunctionError
 
-    # A user's input that cannot run (a field, a checkpoint, a data row): one line, exit 2. The
-    # traceback only with --verbose_errors, for reporting a bug.
-    user_errors = (ConfigError, CheckpointError, UnsupportedModelError, MalformedRowError)
+    # A user's input that cannot run (a field, a checkpoint, a data row, a reward function): one
+    # line, exit 2. The traceback only with --verbose_errors, for reporting a bug.
+    user_errors = (
+        ConfigError,
+        CheckpointError,
+        UnsupportedModelError,
+        MalformedRowError,
+        RewardFunctionError,
+    )
     resume = True if holders["resume"].value else (None if holders["resume_auto"].value else False)
     try:
         validate_config(config)  # fail in a second, before any weights are read

@@ -47,6 +47,13 @@ def _itemsize(dtype: Any) -> int:
     return int(np.dtype(dtype).itemsize)
 
 
+def _bits(dtype: Any) -> int:
+    """Bits per value as XLA stores it: 4-bit integers (int4 / uint4 kernels of
+    `models.quant`) are packed two per byte, though numpy's itemsize says 1."""
+    name = np.dtype(dtype).name
+    return 4 if name in ("int4", "uint4") else 8 * _itemsize(dtype)
+
+
 def param_bytes(config: Any, dtype: Any, model_shards: int = 1) -> int:
     """Bytes of the base weights (`models.init_params` layout) with every leaf in `dtype`, per
     device when split over a ``model`` axis of `model_shards` devices (`mesh.param_specs`: kernels,
@@ -212,7 +219,7 @@ def tree_bytes(tree: Any, per_device: bool = False) -> int:
         sharding = getattr(x, "sharding", None) if per_device else None
         return tuple(sharding.shard_shape(x.shape)) if sharding is not None else tuple(x.shape)
 
-    return sum(int(np.prod(shape(x))) * _itemsize(x.dtype) for x in jax.tree.leaves(tree))
+    return sum(-(-int(np.prod(shape(x))) * _bits(x.dtype) // 8) for x in jax.tree.leaves(tree))
 
 
 def device_memory_bytes(device: Any = None) -> int | None:

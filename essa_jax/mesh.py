@@ -170,7 +170,9 @@ def check_model_axis(model_config: Any, model: int) -> None:
         )
 
 
-def _leaf_spec(names: tuple[str, ...], ndim: int, model_config: Any, model: int) -> PartitionSpec:
+def _leaf_spec(
+    names: tuple[str, ...], ndim: int, model_config: Any, model: int, shape: tuple = ()
+) -> PartitionSpec:
     """The spec of one params leaf from its path of dict keys (see `param_specs`)."""
     if model == 1:
         return PartitionSpec()
@@ -187,6 +189,14 @@ def _leaf_spec(names: tuple[str, ...], ndim: int, model_config: Any, model: int)
         if model_config.vocab_size % model == 0:
             return PartitionSpec(None, m)
         return PartitionSpec(m, None) if model_config.hidden_size % model == 0 else PartitionSpec()
+    if len(names) > 3 and names[0] == "layers" and names[2] == "kernel":
+        # A quantised kernel (`models.quant.QuantizedKernel`): its integers [L, in, out] split as
+        # the float kernel; scales / offsets [L, in / tile, out] too, except a row-parallel axis
+        # of per-channel scales (in / tile = 1), which every device needs whole.
+        kernel = _leaf_spec(names[:3], len(shape), model_config, model, shape)
+        if names[-1] != "qvalue" and shape[-2] % model:
+            return PartitionSpec(*kernel[:-2], None, kernel[-1])
+        return kernel
     if len(names) == 3 and names[0] == "layers":
         proj, kind = names[1], names[2]
         if proj in _COLUMN_PARALLEL and kind == "kernel":
@@ -223,7 +233,7 @@ def param_specs(params: Any, model_config: Any, model: int) -> Any:
 
     def spec(path: tuple, leaf: Any) -> PartitionSpec:
         names = tuple(str(getattr(k, "key", getattr(k, "name", k))) for k in path)
-        return _leaf_spec(names, len(leaf.shape), model_config, model)
+        return _leaf_spec(names, len(leaf.shape), model_config, model, tuple(leaf.shape))
 
     return jax.tree_util.tree_map_with_path(spec, params)
 

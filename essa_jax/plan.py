@@ -321,6 +321,17 @@ def _programs(config, mc, target: Target) -> list[_Program]:
     base = _abstract(params_shape, rep)
     if mesh is not None:
         base = place_params(params_shape, mesh, mc)
+    # What runs after SFT reads the base in `model.quantize` form (`train.pipeline.
+    # quantized_base`): int8 / int4 kernels and their scales, not float ones.
+    infer_shape, infer_base = params_shape, base
+    if config.model.quantize != "none":
+        from essa_jax.models import quantize_params
+
+        mode, group = config.model.quantize, int(config.model.quant_group)
+        infer_shape = jax.eval_shape(lambda p: quantize_params(p, mode, group), params_shape)
+        infer_base = _abstract(infer_shape, rep)
+        if mesh is not None:
+            infer_base = place_params(infer_shape, mesh, mc)
     lora_config = lora_lib.LoraConfig(
         rank=config.lora.rank, alpha=float(config.lora.alpha), targets=tuple(config.lora.targets)
     )
@@ -338,9 +349,9 @@ def _programs(config, mc, target: Target) -> list[_Program]:
         programs.append(_sft_program(config, mc, base, lora_shape, rep, mesh, tp + new))
 
     if config.method == "essa":
-        programs.append(_essa_program(config, mc, params_shape, lora_shape, target, tp, new, eos))
+        programs.append(_essa_program(config, mc, infer_shape, lora_shape, target, tp, new, eos))
     elif config.method in ("grpo", "fgrpo", "svdgrpo"):
-        programs += _grpo_programs(config, mc, base, lora_shape, rep, mesh, tp, new, eos)
+        programs += _grpo_programs(config, mc, infer_base, lora_shape, rep, mesh, tp, new, eos)
 
     # Held-out evaluation: one batch of eval.batch_size prompts, greedy (pass@k sampling runs the
     # same shapes with sampling on). The run evaluates with its weights as placed: on one device
@@ -348,7 +359,7 @@ def _programs(config, mc, target: Target) -> list[_Program]:
     bs = min(int(config.eval.batch_size), int(config.task.num_heldout))
     tensor_parallel = mesh is not None and int(config.mesh.model) > 1
     ev_rep = rep if tensor_parallel else _replicated(target.devices[:1])
-    ev_params = base if tensor_parallel else _abstract(params_shape, ev_rep)
+    ev_params = infer_base if tensor_parallel else _abstract(infer_shape, ev_rep)
     lora = _abstract(lora_shape, ev_rep)
 
     def lower_eval():

@@ -12,6 +12,7 @@ import os
 import sys
 from typing import Any
 
+from essa_jax.evaluation import pass_at_k_values
 from essa_jax.train.metrics import read_metrics
 
 
@@ -98,6 +99,36 @@ def table(parent: str) -> list[dict[str, Any]]:
     return rows
 
 
+def pass_at_k_curve(
+    ax: Any,
+    summary: dict[str, Any],
+    label: str,
+    *,
+    color: Any = None,
+    offset: float = 1.0,
+) -> None:
+    """pass@k against k (log-2 axis) of one summary (or any dict with "pass_at_<k>" entries), with
+    its bootstrap intervals ("pass_at_<k>_ci") as error bars when present. `offset` multiplies
+    k so that several methods' bars at the same k do not hide one another."""
+    values = pass_at_k_values(summary)
+    if not values:
+        return
+    ks = list(values)
+    ys = [values[k] for k in ks]
+    cis = [summary.get(f"pass_at_{k}_ci") for k in ks]
+    xs = [k * offset for k in ks]
+    if all(c is not None for c in cis):
+        yerr = [
+            [y - c[0] for y, c in zip(ys, cis, strict=True)],
+            [c[1] - y for y, c in zip(ys, cis, strict=True)],
+        ]
+        ax.errorbar(xs, ys, yerr=yerr, marker="o", capsize=3, label=label, color=color)
+    else:
+        ax.plot(xs, ys, marker="o", label=label, color=color)
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(ks, [str(k) for k in ks])
+
+
 def _summaries(parent: str) -> dict[str, dict[str, Any]]:
     out = {}
     for name in sorted(os.listdir(parent)):
@@ -112,8 +143,9 @@ def compare(parent: str, json_out: str, png_out: str | None = None) -> dict[str,
     """Method comparison of the runs in `parent` (one per method, named by method) -> JSON + PNG.
 
     Fields: heldout_n, sft_heldout_acc (and its CI), <method>_heldout_acc / _ci, <method>_wall_s,
-    <method>_tokens, <method>_pass_at_<k> for every k the runs measured, and the paired test against
-    the SFT start (<method>_paired_fixed / _paired_broken / _mcnemar_p) when the runs have it.
+    <method>_tokens, <method>_pass_at_<k> for every k the runs measured (and its bootstrap interval
+    <method>_pass_at_<k>_ci when the runs recorded one), and the paired test against the SFT start
+    (<method>_paired_fixed / _paired_broken / _mcnemar_p) when the runs have it.
     """
     import matplotlib
 
@@ -151,11 +183,9 @@ def compare(parent: str, json_out: str, png_out: str | None = None) -> dict[str,
         axes[0].plot(
             [r["wall_s"] for r in ev], [r["acc"] for r in ev], marker="o", label=s["method"]
         )
-        ks = sorted(int(k[len("pass_at_") :]) for k in s if k.startswith("pass_at_"))
-        if ks:
-            axes[1].plot(ks, [s[f"pass_at_{k}"] for k in ks], marker="o", label=s["method"])
+        pass_at_k_curve(axes[1], s, s["method"])
     axes[0].set(xlabel="training wall-clock (s)", ylabel="held-out accuracy (greedy)")
-    axes[1].set(xlabel="k", ylabel="held-out pass@k (T = 1)", xscale="log", title="after training")
+    axes[1].set(xlabel="k", ylabel="held-out pass@k (T = 1)", title="after training")
     for ax in axes:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)

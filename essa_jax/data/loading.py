@@ -129,6 +129,9 @@ def read_rows(
             "folder written by Dataset.save_to_disk"
         )
     kwargs = {"cache_dir": cache_dir} if cache_dir else {}
+    # A local file reads in a blink: no progress bars on the run's stderr (restored after).
+    bars_were_off = datasets.utils.logging.is_progress_bar_enabled() is False
+    datasets.disable_progress_bars()
     try:
         ds = datasets.load_dataset(builders[suffix], data_files=str(path), split="train", **kwargs)
     except Exception as e:
@@ -136,6 +139,9 @@ def read_rows(
             raise
         log.info("datasets could not read %s (%s); reading it as plain JSON", path, e)
         return _rows_from_python_json(path)
+    finally:
+        if not bars_were_off:
+            datasets.enable_progress_bars()
     return ds.to_list()
 
 
@@ -149,7 +155,8 @@ class _Bad(Exception):
 
 def _text(row: dict, field: str, what: str) -> str:
     if field not in row or row[field] is None:
-        raise _Bad(f"missing {what} field {field!r} (row has {sorted(row)})")
+        present = sorted(k for k, v in row.items() if v is not None)  # Arrow fills gaps with None
+        raise _Bad(f"missing {what} field {field!r} (row has {present})")
     value = row[field]
     if not isinstance(value, str):
         raise _Bad(f"{what} field {field!r} is a {type(value).__name__}, expected a string")
@@ -267,8 +274,9 @@ def normalise_rows(
         except _Bad as e:
             if on_malformed == "error":
                 raise MalformedRowError(
-                    f"{source}: row {i}: {e} ({fmt} format; pass on_malformed='skip' to skip "
-                    "malformed rows)"
+                    f"{source}: row {i} (counting from 0): {e} ({fmt} format; to skip "
+                    "malformed rows instead, set --config.task.on_malformed=skip, or "
+                    "on_malformed='skip' in Python)"
                 ) from None
             report.skipped.append((i, str(e)))
             continue

@@ -7,10 +7,28 @@ several:
 - Positive recombination weights only (Eq. 49, mu = floor(lambda / 2)): no active CMA, i.e. the
   same algorithm as pycma with ``CMA_active=False``.
 - The eigendecomposition C = B diag(D^2) B^T is refreshed lazily, every ``eigen_interval``
-  generations (tutorial, Sec. B.2: roughly every 1 / ((c_1 + c_mu) n 10) generations), after
-  symmetrising C; eigenvalues are floored at ``max_eigenvalue * eps(dtype)`` so B, D stay finite.
-  It happens inside ``tell`` under a ``lax.cond`` on the generation counter, so ``ask`` only reads
-  the state. Under ``vmap`` the cond becomes a select and every generation pays for ``eigh``.
+  generations (tutorial, Sec. B.2: about every 1 / ((c_1 + c_mu) n 10) generations, which keeps
+  the O(n^3) decomposition at O(n^2) per evaluation), after symmetrising C; eigenvalues are
+  floored at ``max_eigenvalue * eps(dtype)`` so B, D stay finite. Between refreshes nothing reads
+  C (sampling and C^{-1/2} use the B, D of the last refresh), so C is not touched either
+  (``defer_covariance``, the default when it saves memory traffic): Eq. (47) unrolled over the k
+  generations since the refresh is
+
+      C_k = (prod_g a_g) C_0 + sum_g (prod_{g' > g} a_g') Z_g^T Z_g,
+      a_g = 1 - c_1 - c_mu + c_1 delta(h_sigma),  Z_g = [sqrt(c_1) p_c; sqrt(c_mu w_i) y_i]
+      ([mu + 1, n]: the rank-one and rank-mu terms as rows),
+
+  so a generation appends its mu + 1 rows to a buffer ``C_factors`` (scaled so that
+  C = C_scale (C_0 + C_factors^T C_factors)) and the refresh applies every pending row in one
+  matmul (k (mu + 1) deep) before ``eigh``. A generation without a refresh costs the sampling
+  matmul and two matrix-vector products with B, and writes no [n, n] array. With few dimensions
+  (k (mu + 1) >= n) the buffer would be larger than C, and C is updated every generation instead,
+  still as one matmul.
+- ``tell`` called on concrete arrays (the ESSA loop) decides on the host whether the refresh is
+  due (one scalar read) and runs one of two compiled programs, so a generation without a refresh
+  passes C and B through untouched (jit forwards unchanged inputs; no copy). Traced (under jit,
+  vmap, scan) it uses a ``lax.cond``; XLA copies the [n, n] operands of a cond's identity branch,
+  and under ``vmap`` the cond becomes a select, so every generation pays for ``eigh`` there.
 - Optional mirrored sampling with pairwise selection (``mirrored=True``; Brockhoff et al. 2010,
   "Mirrored sampling and sequential selection for evolution strategies", PPSN; Auger, Brockhoff &
   Hansen 2011, "Mirrored sampling in evolution strategies with weighted recombination", GECCO):
@@ -27,7 +45,7 @@ several:
 The bookkeeping shared with the other strategies (shape checks, best-so-far, non-finite count, the
 no-finite-fitness skip, generation counter, update norm, common metrics and initial fields) lives
 in `essa_jax.es.base.BaseStrategy`; this module holds the CMA-ES update only: pairwise selection,
-Eqs. (41)-(47) and the lazy eigendecomposition.
+Eqs. (41)-(47), the deferred covariance update and the lazy eigendecomposition.
 """
 
 from __future__ import annotations
@@ -48,8 +66,11 @@ from essa_jax.es import base
 class CMAESState:
     """Everything needed to resume a CMA-ES run. Shapes: D = num_dims.
 
-    mean [D]; sigma [] (step size); p_sigma [D], p_c [D] (evolution paths); C [D, D] (covariance);
-    B [D, D], D [D] (eigenvectors and square-rooted eigenvalues of C at the last refresh, the
+    mean [D]; sigma [] (step size); p_sigma [D], p_c [D] (evolution paths); C [D, D], C_factors
+    [K, D], C_scale []: the covariance is C_scale (C + C_factors^T C_factors) (`CMAES.covariance`;
+    without ``defer_covariance`` C is the covariance itself, C_factors one unused row of zeros);
+    since_refresh [] int32 (updates since the last eigendecomposition); B [D, D], D [D]
+    (eigenvectors and square-rooted eigenvalues of the covariance at the last refresh, the
     tutorial's B and D); generation, best_member, best_fitness, generation_best_fitness,
     num_nonfinite, update_norm: the bookkeeping of `base.BaseStrategy.BOOKKEEPING`.
     """
@@ -59,6 +80,9 @@ class CMAESState:
     p_sigma: jax.Array
     p_c: jax.Array
     C: jax.Array
+    C_factors: jax.Array
+    C_scale: jax.Array
+    since_refresh: jax.Array
     B: jax.Array
     D: jax.Array
     generation: jax.Array
@@ -87,6 +111,9 @@ class CMAES(base.BaseStrategy[CMAESState]):
       sigma_min, sigma_max: clip of the step size, keeping the state finite.
       mirrored: sample lambda/2 mirrored pairs and select pairwise (module docstring); lambda must
         be even, mu then defaults to floor(lambda / 4) and the weights are those of lambda / 2.
+      defer_covariance: keep each generation's rank-one and rank-mu terms as rows and apply them
+        to C at the eigendecomposition, in one matmul (module docstring). None: when the buffer
+        (eigen_interval x (mu + 1) rows) is smaller than n rows, i.e. when it saves traffic.
     """
 
     num_dims: int
@@ -103,6 +130,7 @@ class CMAES(base.BaseStrategy[CMAESState]):
     sigma_min: float = 0.0
     sigma_max: float = 1e8
     mirrored: bool = False
+    defer_covariance: bool | None = None
     # derived in __post_init__: recombination weights (Eq. 49), mu_eff (Eq. 8), E||N(0, I)||
     weights: tuple[float, ...] = dataclasses.field(init=False, repr=False, default=())
     mu_eff: float = dataclasses.field(init=False, repr=False, default=0.0)
@@ -139,10 +167,13 @@ class CMAES(base.BaseStrategy[CMAESState]):
         interval = self.eigen_interval
         if interval is None:  # tutorial, Sec. B.2: lazy update of B and D
             interval = int(1.0 / ((c_1 + c_mu) * n * 10)) + 1 if c_1 + c_mu > 0 else 1
+        defer = self.defer_covariance
+        if defer is None:  # the buffer must be smaller than C to save anything
+            defer = interval > 1 and interval * (mu + 1) < n
         resolved = dict(
             population_size=lam, num_parents=mu, c_sigma=c_sigma, d_sigma=d_sigma, c_c=c_c,
             c_1=c_1, c_mu=c_mu, eigen_interval=interval, weights=w, mu_eff=mu_eff,
-            chi_n=base.expected_norm(n),
+            chi_n=base.expected_norm(n), defer_covariance=bool(defer),
         )  # fmt: skip
         for k, v in resolved.items():
             object.__setattr__(self, k, v)
@@ -165,15 +196,60 @@ class CMAES(base.BaseStrategy[CMAESState]):
         c_mu = 2.0 * (mu_eff - 2 + 1 / mu_eff) / ((n + 2) ** 2 + mu_eff)
         return c_1, c_mu
 
+    @property
+    def factor_rows(self) -> int:
+        """K, the rows of the deferred-update buffer: eigen_interval x (mu + 1), or 0."""
+        return self.eigen_interval * (self.num_parents + 1) if self.defer_covariance else 0
+
+    def tell(self, state: CMAESState, population: jax.Array, fitness: jax.Array) -> CMAESState:
+        """`base.BaseStrategy.tell` (bookkeeping + Eqs. 41-47, no eigendecomposition), then the
+        lazy refresh when `eigen_interval` updates are pending.
+
+        On concrete arrays the host reads the counter and runs the refresh program only when it
+        is due, so other generations leave C and B untouched (no [D, D] copy); traced (inside
+        jit / vmap / scan) the same choice is a `lax.cond` (module docstring)."""
+        if isinstance(state.since_refresh, jax.core.Tracer):
+            new = super().tell(state, population, fitness)
+            due = new.since_refresh >= self.eigen_interval
+            return jax.lax.cond(due, self._refresh, lambda s: s, new)
+        # The update program returns only what a generation changes; the [D, D] arrays it leaves
+        # alone are passed on as the same arrays (a jitted function's output is a new buffer).
+        new = state.replace(**self._update_program(state, population, fitness))
+        return self._refresh_program(new) if int(new.since_refresh) >= self.eigen_interval else new
+
+    @partial(jax.jit, static_argnums=0)
+    def _update_program(
+        self, state: CMAESState, population: jax.Array, fitness: jax.Array
+    ) -> dict[str, jax.Array]:
+        """`base.BaseStrategy.tell` without the fields only a refresh changes: B, D, and C when
+        the update is deferred. -> {field: new value}."""
+        new = base.BaseStrategy.tell.__wrapped__(self, state, population, fitness)
+        unchanged = ("B", "D", "C") if self.factor_rows else ("B", "D")
+        return {
+            f.name: getattr(new, f.name) for f in dataclasses.fields(new) if f.name not in unchanged
+        }
+
+    @partial(jax.jit, static_argnums=0)
+    def covariance(self, state: CMAESState) -> jax.Array:
+        """The current covariance C_scale (C + C_factors^T C_factors) [D, D] (Eq. 47 up to this
+        generation; C itself when nothing is deferred)."""
+        if not self.factor_rows:
+            return state.C
+        return state.C_scale * (state.C + state.C_factors.T @ state.C_factors)
+
     # -- hooks of base.BaseStrategy (which holds init / tell / metrics and the bookkeeping) -----
 
     def _init(self, key: jax.Array, mean: jax.Array) -> dict[str, Any]:
-        """C = B = I, D = 1 and zero paths (`key` is unused)."""
+        """C = B = I, D = 1, zero paths and no pending update (`key` is unused)."""
         n, dt = self.num_dims, mean.dtype
         return dict(
             p_sigma=jnp.zeros(n, dt),
             p_c=jnp.zeros(n, dt),
             C=jnp.eye(n, dtype=dt),
+            # one unused row when nothing is deferred: orbax cannot save zero-size arrays
+            C_factors=jnp.zeros((max(self.factor_rows, 1), n), dt),
+            C_scale=jnp.ones((), dt),
+            since_refresh=jnp.zeros((), jnp.int32),
             B=jnp.eye(n, dtype=dt),
             D=jnp.ones(n, dt),
         )
@@ -193,13 +269,12 @@ class CMAES(base.BaseStrategy[CMAESState]):
     def _tell(
         self, state: CMAESState, population: jax.Array, fitness: jax.Array, skip: jax.Array
     ) -> CMAESState:
-        """Pairwise selection (if mirrored), the update of Eqs. (41)-(47) and the lazy eigen
-        refresh. `skip` zeroes the learning rates (see `_update`) and holds the refresh back."""
+        """Pairwise selection (if mirrored) and the update of Eqs. (41)-(47); the lazy eigen
+        refresh follows in `tell`. `skip` zeroes the learning rates (see `_update`) and does not
+        count towards the refresh."""
         if self.mirrored:
             population, fitness = _pairwise_select(population, fitness)
-        new = self._update(state, self._parents(state, population, fitness), skip)
-        refresh = ((state.generation + 1) % self.eigen_interval == 0) & ~skip
-        return jax.lax.cond(refresh, _eigen_refresh, lambda s: s, new)
+        return self._update(state, self._parents(state, population, fitness), skip)
 
     def _metrics(self, state: CMAESState) -> dict[str, jax.Array]:
         """Axis ratio of C: sqrt(max / min eigenvalue) at the last refresh."""
@@ -215,22 +290,61 @@ class CMAES(base.BaseStrategy[CMAESState]):
     def _update(self, s: CMAESState, parents: jax.Array, skip: jax.Array) -> CMAESState:
         """One generation's distribution update from the mu best candidates [mu, D], best first.
 
-        With `skip` every learning rate is 0, which leaves the state bit-identical; it replaces a
-        lax.cond whose identity branch would copy the [D, D] matrices every generation."""
-        w, cs, mu_eff = jnp.asarray(self.weights, s.mean.dtype), self.c_sigma, self.mu_eff
-        keep = 1.0 - skip.astype(s.mean.dtype)
+        Eq. (47) is C' = a C + Z^T Z with a = 1 - c_1 - c_mu + c_1 delta(h_sigma) and the rows
+        Z = [sqrt(c_1) p_c; sqrt(c_mu w_i) y_i] [mu + 1, D]: one matmul, or (deferred) Z is
+        appended to `C_factors` (module docstring). With `skip` every learning rate is 0, which
+        leaves the distribution bit-identical without a lax.cond (whose identity branch would
+        copy the [D, D] matrices every generation)."""
+        dt = s.mean.dtype
+        w, cs, mu_eff = jnp.asarray(self.weights, dt), self.c_sigma, self.mu_eff
+        keep = 1.0 - skip.astype(dt)
         c1, cmu, cm, cs_eff = keep * self.c_1, keep * self.c_mu, keep * self.c_m, keep * cs
         y = (parents - s.mean) / s.sigma  # y_{i:lambda} ~ N(0, C)
         y_w = w @ y  # Eq. (41)
         mean = s.mean + cm * s.sigma * y_w  # Eq. (42)
-        c_inv_sqrt_y_w = s.B @ ((s.B.T @ y_w) / s.D)  # C^{-1/2} y_w, with the B, D used to sample
+        # C^{-1/2} y_w = B D^{-1} B^T y_w with the B, D used to sample: two passes over B
+        c_inv_sqrt_y_w = s.B @ ((y_w @ s.B) / s.D)
         ps_new = (1 - cs) * s.p_sigma + math.sqrt(cs * (2 - cs) * mu_eff) * c_inv_sqrt_y_w  # (43)
         p_sigma = jnp.where(skip, s.p_sigma, ps_new)
         sigma, p_c, delta_h = self._step_size_and_path(s, p_sigma, y_w, cs_eff)  # Eqs. (44), (45)
         p_c = jnp.where(skip, s.p_c, p_c)
-        rank_mu = (y * w[:, None]).T @ y  # sum_i w_i y_i y_i^T
-        C = (1 + c1 * delta_h - c1 - cmu) * s.C + c1 * jnp.outer(p_c, p_c) + cmu * rank_mu  # (47)
-        return s.replace(mean=mean, sigma=sigma, p_sigma=p_sigma, p_c=p_c, C=C)
+        a = 1 + c1 * delta_h - c1 - cmu  # Eq. (47): the factor of the old C
+        rows = jnp.concatenate([jnp.sqrt(c1) * p_c[None], jnp.sqrt(cmu * w)[:, None] * y])
+        since = s.since_refresh + (~skip).astype(jnp.int32)
+        new = s.replace(mean=mean, sigma=sigma, p_sigma=p_sigma, p_c=p_c, since_refresh=since)
+        if not self.factor_rows:  # Eq. (47): rank-one and rank-mu terms in one [D, mu+1] matmul
+            return new.replace(C=a * s.C + rows.T @ rows)
+        # C' = a C_scale (C + F^T F) + Z^T Z = C_scale' (C + F^T F + Z'^T Z'), C_scale' = a C_scale,
+        # Z' = Z / sqrt(C_scale'): this generation's rows go to slot since_refresh of the buffer
+        # (a skipped generation writes zeros there and does not advance the slot).
+        scale = a * s.C_scale
+        offset = s.since_refresh * (self.num_parents + 1)
+        factors = jax.lax.dynamic_update_slice(
+            s.C_factors, rows / jnp.sqrt(scale), (offset, jnp.zeros((), offset.dtype))
+        )
+        return new.replace(C_factors=factors, C_scale=scale)
+
+    def _refresh(self, s: CMAESState) -> CMAESState:
+        """Apply the deferred rows (one [D, K] @ [K, D] matmul), symmetrise C and refresh B, D:
+        C = B diag(D^2) B^T, eigenvalues floored at max * eps(dtype)."""
+        C = self.covariance(s)
+        C = 0.5 * (C + C.T)
+        eigvals, B = jnp.linalg.eigh(C, symmetrize_input=False)  # symmetrised above
+        floor = jnp.max(eigvals) * jnp.finfo(C.dtype).eps
+        D = jnp.sqrt(jnp.maximum(eigvals, floor))
+        return s.replace(
+            C=C,
+            C_factors=jnp.zeros_like(s.C_factors),
+            C_scale=jnp.ones_like(s.C_scale),
+            since_refresh=jnp.zeros_like(s.since_refresh),
+            B=B,
+            D=D,
+        )
+
+    @partial(jax.jit, static_argnums=0)
+    def _refresh_program(self, s: CMAESState) -> CMAESState:
+        """`_refresh` as its own compiled program (what an eager `tell` runs when it is due)."""
+        return self._refresh(s)
 
     def _step_size_and_path(
         self, s: Any, p_sigma: jax.Array, y_w: jax.Array, c_sigma: Any
@@ -259,12 +373,3 @@ def _pairwise_select(population: jax.Array, fitness: jax.Array) -> tuple[jax.Arr
     plus_wins = f[:half] >= f[half:]
     kept = jnp.where(plus_wins[:, None], population[:half], population[half:])
     return kept, jnp.where(plus_wins, fitness[:half], fitness[half:])
-
-
-def _eigen_refresh(s: CMAESState) -> CMAESState:
-    """C = B diag(D^2) B^T after symmetrising C; eigenvalues floored at max * eps(dtype)."""
-    C = 0.5 * (s.C + s.C.T)
-    eigvals, B = jnp.linalg.eigh(C, symmetrize_input=False)  # symmetrised above
-    floor = jnp.max(eigvals) * jnp.finfo(C.dtype).eps
-    D = jnp.sqrt(jnp.maximum(eigvals, floor))
-    return s.replace(C=C, B=B, D=D)

@@ -26,6 +26,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
+from essa_jax.es import base
 from essa_jax.es.cma_es import CMAES
 
 
@@ -58,6 +59,8 @@ class SepCMAES(CMAES):
     and ``eigen_interval`` is unused (there is no eigendecomposition)."""
 
     state_type: ClassVar[type] = SepCMAESState
+    # no eigendecomposition to schedule: the base class's tell, not CMAES's two-program one
+    tell = base.BaseStrategy.tell
 
     def __post_init__(self) -> None:
         if self.mirrored:  # sampling and selection here are CMA-ES's plain ones

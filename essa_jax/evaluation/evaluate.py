@@ -13,6 +13,7 @@ are 1.0 / 0.0). Rewards are compared and averaged in float32, as the training lo
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -20,9 +21,19 @@ import numpy as np
 
 from essa_jax.rewards import guard_reward
 
-from .metrics import mean_pass_at_k, wilson_interval
+from .metrics import bootstrap_pass_at_k, mean_pass_at_k, wilson_interval
 
 SampleFn = Callable[[int, bool], tuple[list[list[str]], int]]
+
+# Keys of `heldout_pass_at_k`'s result: "pass_at_<k>" the estimate, "pass_at_<k>_ci" its interval.
+_PASS_KEY = re.compile(r"^pass_at_(\d+)$")
+
+
+def pass_at_k_values(result: Mapping[str, Any]) -> dict[int, float]:
+    """{k: pass@k} of the "pass_at_<k>" entries of a result or summary dict, k ascending (the
+    "pass_at_<k>_ci" intervals and other keys are skipped)."""
+    found = {int(m.group(1)): float(v) for key, v in result.items() if (m := _PASS_KEY.match(key))}
+    return dict(sorted(found.items()))
 
 
 def _sample(
@@ -108,11 +119,20 @@ def heldout_pass_at_k(
     samples: int,
     ks: Sequence[int],
     success_threshold: float = 1.0,
+    ci_resamples: int = 10_000,
+    ci_level: float = 0.95,
+    ci_seed: int = 0,
 ) -> dict[str, Any]:
-    """Unbiased pass@k (`pass_at_k`, Chen et al. 2021) averaged over the problems `prompts`, from
-    `samples` sampled completions of each (arguments as `heldout_accuracy`; 1 <= k <= samples).
+    """Unbiased pass@k (`pass_at_k`, Chen et al. 2021, Eq. 1) averaged over the problems
+    `prompts`, from `samples` sampled completions of each (arguments as `heldout_accuracy`;
+    1 <= k <= samples), with a percentile-bootstrap interval over problems for every k
+    (`bootstrap_pass_at_k`: `ci_resamples` draws of the problems, seeded by `ci_seed`; 0 = none).
 
-    Returns {pass_at_<k> for k in ks, pass_samples, pass_problems, pass_tokens}.
+    Returns {pass_at_<k> for k in ks, pass_samples, pass_problems, pass_tokens, and when
+    ci_resamples > 0: pass_at_<k>_ci = [low, high] for k in ks, pass_ci_level, pass_ci_resamples,
+    pass_correct}: pass_correct lists the correct samples of every problem in order, so that two
+    policies evaluated on the same problems (and sampling key) compare paired, problem by problem
+    (`pass_at_k_per_problem` then `bootstrap_ci` of the difference).
     """
     n = _check(prompts, fields)
     if samples < 1 or any(not 1 <= k <= samples for k in ks):
@@ -124,4 +144,12 @@ def heldout_pass_at_k(
     out["pass_samples"] = samples
     out["pass_problems"] = n
     out["pass_tokens"] = num_tokens
+    if ci_resamples:
+        cis = bootstrap_pass_at_k(
+            correct, samples, ks, resamples=ci_resamples, level=ci_level, seed=ci_seed
+        )
+        out.update({f"pass_at_{k}_ci": list(cis[int(k)]) for k in ks})
+        out["pass_ci_level"] = ci_level
+        out["pass_ci_resamples"] = ci_resamples
+        out["pass_correct"] = [int(c) for c in correct]
     return out

@@ -22,6 +22,15 @@ from essa_jax.models.config import (
     UnsupportedModelError,
 )
 from essa_jax.models.hub import resolve_name
+from essa_jax.models.quant import (
+    GGUF_BLOCK,
+    GGUF_NATIVE,
+    QUANT_MODES,
+    gguf_blocks,
+    gguf_kernel,
+    quantize_params,
+    warn_requantised,
+)
 from essa_jax.models.transformer import Params
 
 
@@ -158,8 +167,10 @@ def _assemble(
     dtype: Any,
     source: str,
     fix_layer: Callable[[str, np.ndarray], np.ndarray] = lambda key, w: w,
+    kernels: dict[str, Any] | None = None,
 ) -> Params:
-    """Gather tensors by name into the stacked params pytree, checking every shape."""
+    """Gather tensors by name into the stacked params pytree, checking every shape. `kernels`:
+    projection kernels already built (GGUF blocks as they are): their tensors are not read."""
     c = config
     shapes = _expected_shapes(c)
 
@@ -184,7 +195,10 @@ def _assemble(
         "mlp_norm": stack("mlp_norm", "", shapes["mlp_norm"], False),
     }
     for key in PROJECTIONS:
-        layers[key] = {"kernel": stack(key, ".weight", shapes[key], True)}
+        if kernels and key in kernels:
+            layers[key] = {"kernel": kernels[key]}
+        else:
+            layers[key] = {"kernel": stack(key, ".weight", shapes[key], True)}
     if c.attention_bias:
         for key in ("q", "k", "v"):
             layers[key]["bias"] = stack(key, ".bias", (shapes[key][0],), False)
@@ -199,8 +213,11 @@ def _assemble(
     return params
 
 
-def load_hf_dir(path: str | Path, dtype: Any = jnp.float32) -> tuple[ModelConfig, Params]:
-    """Load a Hugging Face checkpoint directory (config.json + *.safetensors, sharded or not)."""
+def load_hf_dir(
+    path: str | Path, dtype: Any = jnp.float32, *, quantize: str = "none", quant_group: int = 32
+) -> tuple[ModelConfig, Params]:
+    """Load a Hugging Face checkpoint directory (config.json + *.safetensors, sharded or not);
+    `quantize` = "int8" | "int4" quantises the projections (`models.quant.quantize_params`)."""
     path = Path(path)
     cfg_file = path / "config.json"
     if not cfg_file.is_file():
@@ -221,7 +238,7 @@ def load_hf_dir(path: str | Path, dtype: Any = jnp.float32) -> tuple[ModelConfig
     params = _assemble(
         config, get, names, lambda i, key: f"model.layers.{i}.{_HF_LAYER[key]}", dtype, str(path)
     )
-    return config, params
+    return config, quantize_params(params, quantize, quant_group)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -291,10 +308,71 @@ def gguf_config(reader: Any) -> ModelConfig:
     )
 
 
-def load_gguf(path: str | Path, dtype: Any = jnp.float32) -> tuple[ModelConfig, Params]:
-    """Load a llama / qwen2 GGUF file, dequantising every tensor to float32 then `dtype`."""
+_GGUF_FLOAT_TYPES = ("F32", "F16", "BF16", "F64")
+
+
+def _gguf_native_kernels(
+    reader: Any,
+    config: ModelConfig,
+    mode: str,
+    group: int,
+    dtype: Any,
+    source: str,
+) -> dict[str, Any]:
+    """The projections whose GGUF blocks are already `mode`'s form (`quant.GGUF_NATIVE`: Q8_0 for
+    int8; Q4_0 / Q4_1 for int4 with quant_group 32), as `QuantizedKernel`s read block by block,
+    never through a float copy. Other block types warn (once per type) and are left out: the
+    caller dequantises and requantises them; float tensors (F32 / F16) are left out silently."""
+    if mode == "none":
+        return {}
+    arch = _gguf_value(reader, "general.architecture")
+    by_name = {t.name: t for t in reader.tensors}
+    shapes = _expected_shapes(config)
+    kernels: dict[str, Any] = {}
+    requantised: dict[str, int] = {}
+    for key in PROJECTIONS:
+        names = [f"blk.{i}.{_GGUF_LAYER[key]}.weight" for i in range(config.num_layers)]
+        missing = [n for n in names if n not in by_name]
+        if missing:
+            raise CheckpointError(f"{source}: tensor {missing[0]!r} is missing from the GGUF file")
+        types = {by_name[n].tensor_type.name for n in names}
+        native = len(types) == 1 and types <= set(GGUF_NATIVE[mode])
+        if not native or (mode == "int4" and group != GGUF_BLOCK):
+            for t in types - set(_GGUF_FLOAT_TYPES):
+                requantised[t] = requantised.get(t, 0) + sum(
+                    by_name[n].tensor_type.name == t for n in names
+                )
+            continue
+        (type_name,) = types
+        blocks = []
+        for n in names:
+            t = by_name[n]
+            b = gguf_blocks(t.data, type_name, shapes[key])
+            if arch == "llama" and key in ("q", "k"):
+                # llama.cpp permutes q / k output rows; blocks run along the input, so the same
+                # row permutation applies to the integers, scales and minima alike.
+                heads = config.num_heads if key == "q" else config.num_kv_heads
+                b = tuple(None if a is None else _undo_llama_cpp_permute(a, heads) for a in b)
+            blocks.append(b)
+        kernels[key] = gguf_kernel(blocks, type_name, dtype)
+    for type_name, count in sorted(requantised.items()):
+        warn_requantised(type_name, count, mode, group)
+    return kernels
+
+
+def load_gguf(
+    path: str | Path, dtype: Any = jnp.float32, *, quantize: str = "none", quant_group: int = 32
+) -> tuple[ModelConfig, Params]:
+    """Load a llama / qwen2 GGUF file, dequantising every tensor to float32 then `dtype`.
+
+    `quantize` = "int8" | "int4": projections stored as Q8_0 (int8) or Q4_0 / Q4_1 (int4, with
+    `quant_group` = 32) load as those blocks, without a float copy; other projections are
+    dequantised and quantised by `models.quant.quantize_params` (block types with a warning).
+    """
     import gguf
 
+    if quantize not in QUANT_MODES:
+        raise ValueError(f"quantize={quantize!r}; valid: {QUANT_MODES}")
     path = Path(path)
     try:
         reader = gguf.GGUFReader(str(path))
@@ -333,6 +411,7 @@ def load_gguf(path: str | Path, dtype: Any = jnp.float32) -> tuple[ModelConfig, 
         "final_norm": "output_norm.weight",
         "lm_head": "output.weight",
     }
+    kernels = _gguf_native_kernels(reader, config, quantize, quant_group, dtype, str(path))
     params = _assemble(
         config,
         get,
@@ -341,23 +420,58 @@ def load_gguf(path: str | Path, dtype: Any = jnp.float32) -> tuple[ModelConfig, 
         dtype,
         str(path),
         fix_layer,
+        kernels,
     )
-    return config, params
+    return config, quantize_params(params, quantize, quant_group)
+
+
+def quantize_base(
+    path_or_name: str | Path,
+    params: Params,
+    config: ModelConfig,
+    quantize: str,
+    quant_group: int = 32,
+) -> Params:
+    """`params` (loaded from `path_or_name` as float) with the projections in `quantize` form:
+    a GGUF's Q8_0 / Q4_0 / Q4_1 blocks read again as they are (`load_gguf`), every other kernel
+    quantised from `params`. Norms, embedding and head are `params`' own arrays (not copied)."""
+    if quantize == "none":
+        return params
+    path = resolve_name(path_or_name) if isinstance(path_or_name, str) else Path(path_or_name)
+    kernels: dict[str, Any] = {}
+    if path.is_file() and path.suffix == ".gguf":
+        import gguf
+
+        reader = gguf.GGUFReader(str(path))
+        dtype = params["embed"].dtype
+        kernels = _gguf_native_kernels(reader, config, quantize, quant_group, dtype, str(path))
+    layers = dict(params["layers"])
+    for key, kernel in kernels.items():
+        layers[key] = {**layers[key], "kernel": kernel}
+    return quantize_params({**params, "layers": layers}, quantize, quant_group)
 
 
 def load_pretrained(
-    path_or_name: str | Path, dtype: Any = jnp.float32
+    path_or_name: str | Path,
+    dtype: Any = jnp.float32,
+    *,
+    quantize: str = "none",
+    quant_group: int = 32,
 ) -> tuple[ModelConfig, Params]:
     """(ModelConfig, params) from an HF directory, a `.gguf` file, or "smollm2-135m-instruct".
+
+    `quantize` = "int8" | "int4" (one scale per `quant_group` input values) stores the seven
+    projections quantised (`models.quant`; GGUF Q8_0 / Q4_0 / Q4_1 blocks as they are).
 
     Raises CheckpointError (missing / corrupt file, missing tensor, shape mismatch) or
     UnsupportedModelError (architecture or rope type this package does not implement).
     """
     path = resolve_name(path_or_name)
+    q = dict(quantize=quantize, quant_group=quant_group)
     if path.is_dir():
-        return load_hf_dir(path, dtype)
+        return load_hf_dir(path, dtype, **q)
     if path.is_file() and path.suffix == ".gguf":
-        return load_gguf(path, dtype)
+        return load_gguf(path, dtype, **q)
     if path.is_file():
         raise CheckpointError(
             f"{path}: expected a .gguf file or a Hugging Face directory (config.json + safetensors)"

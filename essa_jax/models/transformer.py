@@ -12,6 +12,10 @@ Params layout (kernels are `[in, out]`):
      "gate": {"kernel": [L, d, I]}, "up": {...}, "down": {"kernel": [L, I, d]}},
      "final_norm": [d], "lm_head"?: {"kernel": [d, V]}}
 
+Quantised kernels: a projection's "kernel" may be a `quant.QuantizedKernel` (int8 / int4 weights,
+`model.quantize`); `_proj` multiplies it with `quant.qmatmul` (docs/ARCHITECTURE.md, "Quantised
+inference"), everything else is unchanged.
+
 LoRA hook: `lora = {target: adapter}`; every array leaf of an adapter has a leading layer axis L and
 is scanned with the layer params; projection `target` of layer l computes
 `y = x @ kernel (+ bias) + adapter_l.delta(x)`. A fused key ("qkv", "gate_up"; see
@@ -39,6 +43,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from essa_jax.models.config import PROJECTIONS, ModelConfig
+from essa_jax.models.quant import QuantizedKernel, qmatmul
 
 # Fused LoRA keys: one adapter for projections that read the same input, whose delta's output is
 # theirs concatenated in this order (e.g. [.., Hq*hd + 2*Hkv*hd] for "qkv"). Low-rank paths are
@@ -176,7 +181,12 @@ def _proj(x: jax.Array, p: Mapping[str, jax.Array], adapter: Any) -> jax.Array:
     # for it explicitly also keeps XLA's CPU compiler from upcasting a bfloat16 kernel to a
     # float32 copy for the product (a second, doubled copy of the weights in a program's memory).
     kernel = p["kernel"]
-    y = jnp.matmul(x, kernel, preferred_element_type=jnp.float32)
+    if isinstance(kernel, QuantizedKernel):
+        # int8 / int4 weights (model.quantize, `quant.py`): the same float32 accumulation; the
+        # activations, bias and adapter stay in the compute dtype.
+        y = qmatmul(x, kernel)
+    else:
+        y = jnp.matmul(x, kernel, preferred_element_type=jnp.float32)
     y = y.astype(jnp.result_type(x.dtype, kernel.dtype))
     if "bias" in p:
         y = y + p["bias"]

@@ -5,6 +5,7 @@ answers_match(predicted, reference) -> bool          numeric fast path, then mat
 math_reward(prompts, completions, answer=[...])      1.0 / 0.0, "auto" extraction
 arith_reward(prompts, completions, answer=[...])     1.0 / 0.0, first number (prefill format)
 format_reward(prompts, completions)                  1.0 when a non-empty \\boxed{} is present
+char_match_reward(prompts, completions, answer=[...]) dense [0, 1] closeness of each character
 combine_rewards([(fn, w), ...]) / guard_reward(fn)   failures and timeouts -> 0.0, counted
 """
 
@@ -14,7 +15,9 @@ from .functions import (
     CombinedReward,
     GuardedReward,
     RewardFn,
+    RewardFunctionError,
     arith_reward,
+    char_match_reward,
     combine_rewards,
     format_reward,
     get_reward,
@@ -35,6 +38,7 @@ __all__ = [
     "CombinedReward",
     "GuardedReward",
     "RewardFn",
+    "RewardFunctionError",
     "RewardStats",
     "RewardTimeoutError",
     "abandoned_threads",
@@ -42,6 +46,7 @@ __all__ = [
     "register_reward",
     "arith_reward",
     "call_with_timeout",
+    "char_match_reward",
     "combine_rewards",
     "extract_answer",
     "find_boxed",

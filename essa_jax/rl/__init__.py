@@ -15,9 +15,12 @@ each registered function being `fn(rewards [B], group_size, cfg) -> [B]`. The lo
 is the caller's choice: see `essa_jax.lora.policies`.
 
 `GRPOTrainer.step` returns per-step metrics (floats): reward_mean / reward_std,
-zero_variance_frac (groups with no signal), focal_weight_mean (mean advantage weight; 1 with
-weighting "none"), clip_low_frac / clip_high_frac, ratio_mean / ratio_min / ratio_max, kl (k3, to
-the base model; 0 when beta = 0 and no reference), entropy, loss / pg_loss, adv_*,
+zero_variance_frac (groups with no signal), all_right_frac / all_wrong_frac (groups whose every
+rollout is right, reward >= r_correct / wrong, reward <= r_wrong: F-GRPO's diagnostics,
+`group_outcome_fractions`), focal_weight_mean (mean advantage weight; 1 with weighting "none"),
+clip_low_frac / clip_high_frac, ratio_mean / ratio_min / ratio_max, kl (k3, to the base model; 0
+when beta = 0 and no reference), entropy (mean token entropy of the sampling policy over the
+completion tokens, nats; `GRPOTrainer._metrics`), loss / pg_loss, adv_*,
 completion_len_mean, truncation_rate (no EOS within max_new_tokens), grad_norm (before clipping),
 update_norm, tokens_per_s (completion tokens per second of the whole step), rollout_tokens_per_s,
 rollout_s, reward_s, score_s, update_s, step_s.
@@ -38,6 +41,7 @@ from essa_jax.rl.trainer import (
     GRPOTrainer,
     RolloutBatch,
     compute_advantages,
+    group_outcome_fractions,
     make_optimizer,
 )
 from essa_jax.rl.weighting import (
@@ -66,6 +70,7 @@ __all__ = [
     "get_estimator",
     "get_weighting",
     "group_advantages",
+    "group_outcome_fractions",
     "k3_kl",
     "make_optimizer",
     "policy_loss",

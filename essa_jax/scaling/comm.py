@@ -328,21 +328,26 @@ def essa_generation_bytes(
     *,
     fitness_bytes: int = 4,
     seed_bytes: int = 0,
+    rows: int = 0,
+    row_bytes: int = 16,
 ) -> TrafficEstimate:
     """Traffic of one ESSA generation: an all-gather of the P fitness values (ESSA, Sec. 3).
 
     Every device regenerates the population from the shared key, so no genome, adapter or weight
     moves. ``seed_bytes`` > 0 counts the paper's explicit (seed, reward) pairs instead (our
-    implementation derives seeds from the shared key, so it ships rewards only).
+    implementation derives seeds from the shared key, so it ships rewards only). ``rows`` > 0
+    counts what our processes gather instead of P fitness values: ``row_bytes`` per rollout
+    (reward, length, finished, owned: 4 float32, `population.evaluator`), P x B rows in all.
     """
     _check_devices(num_devices)
     if population_size < 1:
         raise ValueError(f"population_size={population_size} is invalid: valid values are >= 1")
-    full = population_size * (fitness_bytes + seed_bytes)
+    fitness = population_size * (fitness_bytes + seed_bytes)
+    full = fitness + rows * row_bytes
     return TrafficEstimate(
         payload_bytes=float(full),
         wire_bytes_per_device=ring_wire_bytes("all-gather", full, num_devices),
-        detail={"fitness_allgather": float(full)},
+        detail={"fitness_allgather": float(fitness), "row_allgather": float(rows * row_bytes)},
     )
 
 

@@ -1,48 +1,50 @@
-"""A cost model of ESSA generations and GRPO steps on a GPU cluster, and of time-to-target.
+"""A first-principles cost model of an ESSA generation and a GRPO step on a GPU cluster.
 
-Purpose: explain (not reproduce to the minute) the scaling ESSA reports (arXiv 2507.04453, Sec. 5,
-Qwen2.5-32B on PRM800K, time to 0.835 accuracy): about 2x faster than GRPO on 16 GPUs and about 6x
-on 128 (GRPO 400 -> 150 min, ESSA 200 -> under 20 min).
+Purpose: predict the time per step of our own programs at 8-128 GPUs from what they compute and
+move, and set the prediction beside what the ESSA paper reports (arXiv 2507.04453, Sec. 5,
+Qwen2.5-32B on PRM800K, time to 0.835 accuracy: about 2x faster than GRPO on 16 GPUs, about 6x on
+128; GRPO 400 -> 150 min, ESSA 200 -> under 20 min). Nothing here is fitted to the paper: the
+inputs are (1) counts taken from our compiled programs (`ProgramCounts`, filled by
+benchmarks/scaling.py from the ahead-of-time plan, `essa_jax.plan`) and from the model's shape,
+and (2) the published hardware figures of `HARDWARE`.
 
-Model (every symbol is a field below; all assumptions are explicit):
+Model (every phase is a roofline: the larger of its FLOPs at the chip's peak and its HBM bytes at
+the chip's bandwidth, plus its collectives; no efficiency factor, so every time is a lower bound
+that both methods share):
 
-*Replicas.* G GPUs hold R = G / g model replicas of g GPUs each (tensor parallel for rollouts;
-g = 1 for 7B, 2 for 32B on 80 GB GPUs). Replicas never talk during generation.
+*Generation* (`generation_time`; the population program and GRPO's rollout program are the same
+decode loop). A replica of g = `model` devices holds b rows, run in ceil(b / c) chunks of c rows
+(`rows_per_chunk`; the program pads b to a multiple of c). Per chunk:
+- prefill of p prompt tokens: FLOPs c (F_dense p + F_attn p (p + 1) / 2) / g; bytes: the device's
+  weights W once + the chunk's KV cache written;
+- n decode steps (the program's `max_new_tokens`: rows stop early only when every row of the
+  chunk has, so the longest completion sets the steps): step s reads W and the KV cache of
+  p + s + 1 positions of c rows, and computes c (F_dense + F_attn (p + s + 1)) / g;
+- tensor parallelism: 2 all-reduces of [rows, d] per layer per forward pass (after attention and
+  after the MLP; docs/ARCHITECTURE.md, Tensor parallelism), over NVLink.
+F_dense = 2 x (kernel + head parameters), F_attn = 4 L H hd per key (`essa_jax.plan.model_flops`,
+the shape count: XLA's cost analysis counts a loop body once, so its FLOPs and bytes of a program
+with a layer scan and a decode loop are lower bounds, recorded beside ours, never used).
 
-*Decoding* b sequences on one replica (prompt p tokens, completions of mean length l and longest
-length l_max, sampled until every row stops):
+*ESSA generation* (`essa_generation_time`): P members x B prompts over R = G / g replicas (the pop
+axis pads P to a multiple of R: ceil(P / R) members per replica, B rows each), then across
+processes (one per node of 8 GPUs) the all-gather of 16 bytes per row (reward, length, finished,
+owned: `population.evaluator`), and the CMA-ES tell that every process repeats: sampling 2 P D^2
+and the deferred rank-mu matmul 2 (mu + 1) D^2 FLOPs per generation plus the eigendecomposition,
+~4 D^3 FLOPs every `eigen_interval` generations (`essa_jax.es.cma_es`), at `es_flops`.
 
-    t_gen(b) = b (p + l) t_tok  +  n_steps(b) t_mem,   n_steps(b) = max(l_max, ceil(b / c) l)
+*GRPO step* (`grpo_step_time`; our data-parallel trainer, docs/ARCHITECTURE.md): Q N rollouts over
+R replicas (ceil(Q N / R) each), the per-row reward gather (16 bytes per row), old / reference
+log-probs when the config needs them (a forward over the rows), the update (the forward, the
+backward's input gradients, a second forward with remat: `model_flops(train=True)`) over the
+device's rows with its micro-batches (each micro-batch reads the weights 2-3 times), the psum of
+the trainable gradient across the R data groups (its bytes counted in the compiled update
+program's HLO), and TP all-reduces of the training activations. No weight sync and no layout
+switch: our rollout and update run in one process on the same weights.
 
-- t_tok = 1 / (g x T_gen): the per-token compute time, T_gen the measured (or given) single-GPU
-  generation throughput at a large batch (tokens/s); prefill tokens are charged at the same rate.
-- t_mem = weight_bytes / (g x HBM bandwidth): one decode step reads every weight once, whatever the
-  batch (the memory-bound floor of small batches).
-- c: the concurrent rows a replica's KV cache holds; a batch larger than c runs in waves. The
-  longest completion l_max bounds the number of steps from below: the rollout phase ends when its
-  slowest row does (the "long tail" of RL rollouts).
-
-*ESSA generation* (Sec. 3): P candidates x B prompts = P B rollouts spread over R replicas (prompts
-of one candidate may be split over replicas, so b = ceil(P B / R)), then an all-gather of P fitness
-floats (ring: latency 2 alpha log2(G) + (G-1)/G x 4P / bw) and the CMA-ES update every process
-repeats (O(P D^2 + D^3) flops on one device; D = genome length).
-
-*GRPO step* (F-GRPO Sec. 2; the usual colocated trainer, e.g. verl): Q prompts x N rollouts over R
-replicas (b = ceil(Q N / R)), then on all G GPUs (data parallel, training MFU u):
-old-policy log-probs (2 n_params flops per token) and forward+backward (4 n_params flops/token for
-LoRA: the base is frozen but activation gradients flow through it; 6 n_params for full
-fine-tuning), one ring all-reduce of the trainable gradient per optimizer update
-(2 alpha (G-1) + 2 (G-1)/G x bytes / bw), the trainable weights synced to the rollout engine
-(bytes / bw), and a fixed switch cost between the generation and training layouts
-(KV-cache release / re-allocation, resharding; verl-like systems spend seconds here).
-
-*Time to target* = steps x time per step. The papers report minutes, not step counts, so the step
-counts are calibrated: steps = reported minutes / predicted step time at the calibration size
-(16 GPUs). The speedup at 16 GPUs is then the reported one by construction; the speedup at 128 GPUs
-is a prediction of the model (it depends only on how each method's step time scales from 16 to 128).
-
-Not modelled: stragglers beyond l_max, reward computation (CPU, the same for both), evaluation
-passes, pipeline/asynchronous RL (overlapping rollouts with training), data loading, GPU failures.
+Not modelled: host reward time (the same for both), evaluation, stragglers, overlap of phases,
+kernel launch overheads, and the number of steps to a target (`compare_with_paper` explains why
+the paper's speedup is a ratio of time-to-target, not of step time).
 """
 
 from __future__ import annotations
@@ -51,270 +53,371 @@ import dataclasses
 import math
 from typing import Any
 
+import numpy as np
+
+# ---------------------------------------------------------------------------------------------
+# published hardware figures (one table, with the source of every number)
+
 
 @dataclasses.dataclass(frozen=True)
-class ModelSpec:
-    """Decoder shape numbers the cost model needs (defaults: Qwen2.5 configs on the HF hub)."""
+class Chip:
+    """One accelerator and its links. Bandwidths in bytes/s each way; latencies in seconds per
+    collective step."""
 
     name: str
-    n_params: float  # total parameters
+    peak_flops: float  # dense bf16
+    hbm_bandwidth: float
+    memory_bytes: float
+    intra_node_bandwidth: float  # NVLink, per GPU, one direction
+    inter_node_bandwidth: float  # InfiniBand, per GPU, one direction
+    gpus_per_node: int
+    intra_node_latency: float
+    inter_node_latency: float
+    source: str
+
+
+# The NVLink / NDR figures are per GPU: 900 GB/s is NVLink 4's total of both directions (18 links x
+# 50 GB/s), 450 GB/s each way; one ConnectX-7 NDR port per GPU is 400 Gb/s = 50 GB/s each way.
+# Latencies are not datasheet figures: a few microseconds per NCCL step is the order nccl-tests
+# shows for small messages; they matter only for the per-layer TP all-reduces of decoding.
+HARDWARE: dict[str, Chip] = {
+    "H100-SXM": Chip(
+        name="H100-SXM",
+        peak_flops=989e12,
+        hbm_bandwidth=3.35e12,
+        memory_bytes=80e9,
+        intra_node_bandwidth=450e9,
+        inter_node_bandwidth=50e9,
+        gpus_per_node=8,
+        intra_node_latency=5e-6,
+        inter_node_latency=10e-6,
+        source=(
+            "NVIDIA H100 Tensor Core GPU datasheet (SXM5): 989 TFLOP/s dense BF16 (1,979 with "
+            "sparsity), 3.35 TB/s HBM3, 80 GB, NVLink 900 GB/s (both directions); NVIDIA "
+            "ConnectX-7: InfiniBand NDR 400 Gb/s per port, one per GPU in a DGX H100"
+        ),
+    ),
+    "H200-SXM": Chip(
+        name="H200-SXM",
+        peak_flops=989e12,
+        hbm_bandwidth=4.8e12,
+        memory_bytes=141e9,
+        intra_node_bandwidth=450e9,
+        inter_node_bandwidth=50e9,
+        gpus_per_node=8,
+        intra_node_latency=5e-6,
+        inter_node_latency=10e-6,
+        source="NVIDIA H200 datasheet (SXM): 989 TFLOP/s dense BF16, 4.8 TB/s HBM3e, 141 GB",
+    ),
+}
+
+
+# ---------------------------------------------------------------------------------------------
+# what the programs compute and move (counted from the model's shape and our compiled programs)
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelCounts:
+    """Per-token counts of a decoder from its shape (`from_config`).
+
+    dense_flops: 2 x (projection kernels + output head) per token; attn_flops_per_key:
+    4 L H hd (scores and values) per attended key; kv_bytes_per_token: L x 2 x kv_heads x hd x
+    bytes of the cache; weight_bytes: every parameter at `bytes_per_param`."""
+
+    name: str
     num_layers: int
     hidden_size: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    bytes_per_param: float = 2.0  # bf16 inference and gradients
+    dense_flops: float
+    attn_flops_per_key: float
+    kv_bytes_per_token: float
+    weight_bytes: float
+    activation_bytes: int = 2  # bf16
 
-    @property
-    def weight_bytes(self) -> float:
-        return self.n_params * self.bytes_per_param
-
-    @property
-    def flops_per_token(self) -> float:
-        """Forward flops per token, 2 n_params (Kaplan et al. 2020; attention over short contexts
-        is a few percent and left out)."""
-        return 2.0 * self.n_params
-
-    def lora_params(self, rank: int, targets: tuple[str, ...] = ("q", "k", "v", "o")) -> int:
-        """LoRA factor parameters r (in + out) per target and layer."""
-        d, q, kv = (
-            self.hidden_size,
-            self.num_heads * self.head_dim,
-            self.num_kv_heads * self.head_dim,
+    @classmethod
+    def from_config(cls, mc: Any, name: str = "", bytes_per_param: int = 2) -> ModelCounts:
+        """From an `essa_jax.models.ModelConfig` (the same formula as `plan.model_flops`)."""
+        kernels = sum(i * o for i, o in mc.projection_shapes().values())
+        return cls(
+            name=name,
+            num_layers=mc.num_layers,
+            hidden_size=mc.hidden_size,
+            dense_flops=2.0 * (mc.num_layers * kernels + mc.hidden_size * mc.vocab_size),
+            attn_flops_per_key=4.0 * mc.num_layers * mc.num_heads * mc.head_dim,
+            kv_bytes_per_token=float(
+                mc.num_layers * 2 * mc.num_kv_heads * mc.head_dim * bytes_per_param
+            ),
+            weight_bytes=float(mc.num_params() * bytes_per_param),
+            activation_bytes=bytes_per_param,
         )
-        dims = {"q": (d, q), "k": (d, kv), "v": (d, kv), "o": (q, d)}
-        bad = [t for t in targets if t not in dims]
-        if bad:
-            raise ValueError(f"targets {bad} are invalid: valid values are {tuple(dims)}")
-        return self.num_layers * sum(rank * (dims[t][0] + dims[t][1]) for t in targets)
-
-    def essa_genome_dims(self, rank: int, num_targets: int = 4) -> int:
-        """ESSA genome length: layers x matrices x rank x 2 (s_A and s_B; ESSA Sec. 3)."""
-        return self.num_layers * num_targets * rank * 2
-
-
-QWEN25_7B = ModelSpec("Qwen2.5-7B", 7.62e9, 28, 3584, 28, 4, 128)
-QWEN25_32B = ModelSpec("Qwen2.5-32B", 32.76e9, 64, 5120, 40, 8, 128)
-MODELS = {m.name: m for m in (QWEN25_7B, QWEN25_32B)}
 
 
 @dataclasses.dataclass(frozen=True)
-class Hardware:
-    """One GPU and the network (defaults: H100 SXM 80 GB, 400 Gb/s InfiniBand per GPU)."""
+class GenerationProgram:
+    """A compiled generation program (ESSA population or GRPO rollout), per replica.
 
-    peak_flops: float = 989e12  # dense bf16
-    hbm_bandwidth: float = 3.35e12  # bytes/s
-    interconnect_bandwidth: float = 50e9  # bytes/s per GPU across nodes (400 Gb/s)
-    collective_latency: float = 10e-6  # alpha, seconds per ring hop
-    decode_mfu: float = 0.3  # fraction of peak reached by large-batch decoding
-    train_mfu: float = 0.4  # fraction of peak reached by training forward/backward
-    host_flops: float = 1e12  # fp32 flops/s of the device running the CMA-ES update (eigh)
+    model_devices: g (the mesh's model axis); rows_per_chunk: c (the plan's choice);
+    prompt_tokens, new_tokens: p, n; weight_bytes_per_device: the compiled program's argument
+    bytes (weights' shard + SVD basis + inputs; `memory_analysis`); tp_bytes_per_row_layer: bytes
+    all-reduced per row per layer per forward token, from the program's HLO when g > 1 (0 on
+    one device); xla_flops, xla_bytes: XLA's cost analysis (lower bounds: loop bodies once)."""
+
+    model_devices: int
+    rows_per_chunk: int
+    prompt_tokens: int
+    new_tokens: int
+    weight_bytes_per_device: float
+    tp_bytes_per_row_layer: float = 0.0
+    xla_flops: float = 0.0
+    xla_bytes: float = 0.0
 
 
 @dataclasses.dataclass(frozen=True)
-class Workload:
-    """Sequence lengths and rollout-engine settings shared by both methods."""
+class UpdateProgram:
+    """A compiled GRPO update (and scoring) program, per device.
 
-    prompt_tokens: int = 200  # p
-    mean_completion_tokens: int = 600  # l
-    max_completion_tokens: int = 2048  # l_max (the tail that ends a rollout phase)
-    concurrent_rows: int = 256  # c: rows a replica's KV cache holds at once
-    gpus_per_replica: int = 1  # g
-    gen_tokens_per_s: float | None = None  # T_gen per GPU; None = peak x decode_mfu / (2 n)
+    micro_batch_rows: rows per micro-batch; sequence: p + n; remat: a second forward;
+    grad_bytes: bytes of the gradient psum across data groups (the HLO all-reduce payload of
+    the compiled update, outside every loop: exact); score_passes: forward passes over the rows
+    for old / reference log-probs (0 when the config needs neither)."""
+
+    micro_batch_rows: int
+    sequence: int
+    remat: bool
+    grad_bytes: float
+    score_passes: int = 0
+    xla_flops: float = 0.0
+
+
+# ---------------------------------------------------------------------------------------------
+# collectives (bandwidth-optimal ring algorithms; Patarasuk & Yuan 2009, NCCL's bus bandwidth)
+
+
+def _link(n_devices: int, chip: Chip) -> tuple[float, float]:
+    """(bandwidth, latency) of a collective over n devices: NVLink within a node, InfiniBand
+    (the slowest link of the ring) once it spans nodes."""
+    if n_devices <= chip.gpus_per_node:
+        return chip.intra_node_bandwidth, chip.intra_node_latency
+    return chip.inter_node_bandwidth, chip.inter_node_latency
+
+
+def allreduce_time(nbytes: float, n: int, chip: Chip, bandwidth: float | None = None) -> float:
+    """Ring all-reduce of `nbytes`: 2 (n - 1) steps, each device sends 2 (n - 1) / n x bytes."""
+    if n <= 1 or nbytes <= 0:
+        return 0.0
+    bw, lat = _link(n, chip)
+    bw = bandwidth or bw
+    return 2 * (n - 1) * lat + 2 * (n - 1) / n * nbytes / bw
+
+
+def allgather_time(nbytes: float, n: int, chip: Chip) -> float:
+    """Ring all-gather of a value of `nbytes` in total: n - 1 steps, (n - 1) / n x bytes each."""
+    if n <= 1 or nbytes <= 0:
+        return 0.0
+    bw, lat = _link(n, chip)
+    return (n - 1) * lat + (n - 1) / n * nbytes / bw
+
+
+# ---------------------------------------------------------------------------------------------
+# phases
+
+
+def generation_time(
+    rows: int, prog: GenerationProgram, model: ModelCounts, chip: Chip
+) -> dict[str, float]:
+    """Seconds for one replica to generate `rows` rows with `prog` (module docstring).
+
+    -> {"prefill", "decode", "tp_allreduce", "total", "chunks", "decode_memory_bound_share"}."""
+    if rows <= 0:
+        return {"prefill": 0.0, "decode": 0.0, "tp_allreduce": 0.0, "total": 0.0, "chunks": 0}
+    g, p, n = prog.model_devices, prog.prompt_tokens, prog.new_tokens
+    c = min(rows, prog.rows_per_chunk)
+    chunks = math.ceil(rows / c)
+    w = prog.weight_bytes_per_device
+    kv = model.kv_bytes_per_token / g
+    pre_flops = c * (model.dense_flops * p + model.attn_flops_per_key * p * (p + 1) / 2) / g
+    pre_bytes = w + c * p * kv
+    prefill = max(pre_flops / chip.peak_flops, pre_bytes / chip.hbm_bandwidth)
+    ctx = p + 1 + np.arange(n, dtype=np.float64)  # keys attended at each decode step
+    step_flops = c * (model.dense_flops + model.attn_flops_per_key * ctx) / g
+    step_bytes = w + c * ctx * kv
+    t_compute, t_memory = step_flops / chip.peak_flops, step_bytes / chip.hbm_bandwidth
+    decode = float(np.sum(np.maximum(t_compute, t_memory)))
+    # 2 all-reduces per layer per forward pass, of [rows, d] activations (prefill: c x p rows)
+    per_row = prog.tp_bytes_per_row_layer or (2.0 * model.hidden_size * model.activation_bytes)
+    tp = 0.0
+    if g > 1:
+        ops = 2 * model.num_layers
+        op_prefill = allreduce_time(c * p * per_row / 2, g, chip)
+        op_step = allreduce_time(c * per_row / 2, g, chip)
+        tp = ops * (op_prefill + n * op_step)
+    one = prefill + decode + tp
+    return {
+        "prefill": chunks * prefill,
+        "decode": chunks * decode,
+        "tp_allreduce": chunks * tp,
+        "total": chunks * one,
+        "chunks": chunks,
+        "decode_memory_bound_share": float(np.mean(t_memory >= t_compute)),
+    }
 
 
 @dataclasses.dataclass(frozen=True)
 class ESSASettings:
-    """ESSA defaults (Sec. 4): population 96, 100 prompts per candidate, rank 8, q/k/v/o."""
+    """ESSA's per-generation sizes: population P, prompts per member B, genome length D, CMA-ES
+    parents mu and eigen interval (`essa_jax.es.CMAES` defaults for P, D), `es_flops`: the FLOP
+    rate of the host running the tell (LAPACK eigh on a CPU; a measured figure, see
+    experiments/results/strategies.json)."""
 
-    population_size: int = 96  # P
-    prompts_per_candidate: int = 100  # B
-    rank: int = 8
-    num_targets: int = 4
-    fitness_bytes: int = 4
-
-
-@dataclasses.dataclass(frozen=True)
-class GRPOSettings:
-    """GRPO settings: group N = 8 (F-GRPO Sec. 4); prompts per step, updates, LoRA or full."""
-
-    prompts_per_step: int = 128  # Q (our assumption: the ESSA paper does not state GRPO's batch)
-    group_size: int = 8  # N
-    updates_per_step: int = 1  # optimizer updates (mini-batches x epochs) per step
-    trainable: str = "lora"  # "lora" (same adapter as ESSA's SFT start) or "full"
-    rank: int = 8
-    switch_seconds: float = 5.0  # generation <-> training layout switch per step
-    grad_bytes_per_param: float = 4.0  # gradients all-reduced in f32
-
-
-def _check_gpus(num_gpus: int, workload: Workload) -> int:
-    if isinstance(num_gpus, bool) or not isinstance(num_gpus, int) or num_gpus < 1:
-        raise ValueError(f"num_gpus={num_gpus!r} is invalid: valid values are integers >= 1")
-    g = workload.gpus_per_replica
-    if num_gpus % g:
-        raise ValueError(
-            f"num_gpus={num_gpus} is invalid: must be a multiple of gpus_per_replica={g}"
-        )
-    return num_gpus // g
-
-
-def gen_tokens_per_s(model: ModelSpec, hw: Hardware, workload: Workload) -> float:
-    """T_gen: the given throughput, else peak_flops x decode_mfu / flops_per_token."""
-    if workload.gen_tokens_per_s is not None:
-        if workload.gen_tokens_per_s <= 0:
-            raise ValueError(
-                f"gen_tokens_per_s={workload.gen_tokens_per_s} is invalid: valid values are > 0"
-            )
-        return float(workload.gen_tokens_per_s)
-    return hw.peak_flops * hw.decode_mfu / model.flops_per_token
-
-
-def generation_time(b: int, model: ModelSpec, hw: Hardware, workload: Workload) -> float:
-    """t_gen(b): seconds for one replica to generate b rollouts (module docstring)."""
-    if b <= 0:
-        return 0.0
-    g = workload.gpus_per_replica
-    t_tok = 1.0 / (g * gen_tokens_per_s(model, hw, workload))
-    t_mem = model.weight_bytes / (g * hw.hbm_bandwidth)
-    l, p = workload.mean_completion_tokens, workload.prompt_tokens
-    steps = max(workload.max_completion_tokens, math.ceil(b / workload.concurrent_rows) * l)
-    return b * (p + l) * t_tok + steps * t_mem
-
-
-def allgather_time(nbytes: float, n: int, hw: Hardware) -> float:
-    """Ring all-gather of a value of `nbytes` over n devices (latency-bound for small values:
-    a log-depth algorithm, 2 alpha log2 n)."""
-    if n <= 1:
-        return 0.0
-    return (
-        2 * hw.collective_latency * math.log2(n) + (n - 1) / n * nbytes / hw.interconnect_bandwidth
-    )
-
-
-def allreduce_time(nbytes: float, n: int, hw: Hardware) -> float:
-    """Ring all-reduce: 2 (n-1) hops of latency alpha and 2 (n-1)/n x bytes per device."""
-    if n <= 1:
-        return 0.0
-    return (
-        2 * (n - 1) * hw.collective_latency + 2 * (n - 1) / n * nbytes / hw.interconnect_bandwidth
-    )
+    population_size: int = 96
+    prompts_per_candidate: int = 100
+    genome_dims: int = 4096
+    num_parents: int = 48
+    eigen_interval: int = 9
+    es_flops: float = 1e11
+    gather_bytes_per_row: int = 16
 
 
 def essa_generation_time(
     num_gpus: int,
-    model: ModelSpec,
-    essa: ESSASettings = ESSASettings(),
-    hw: Hardware = Hardware(),
-    workload: Workload = Workload(),
+    prog: GenerationProgram,
+    model: ModelCounts,
+    essa: ESSASettings,
+    chip: Chip,
 ) -> dict[str, float]:
-    """Seconds of one ESSA generation on `num_gpus` GPUs, by phase ("total" = sum)."""
-    r = _check_gpus(num_gpus, workload)
-    b = math.ceil(essa.population_size * essa.prompts_per_candidate / r)
-    d = model.essa_genome_dims(essa.rank, essa.num_targets)
-    p = essa.population_size
+    """Seconds of one ESSA generation on `num_gpus` GPUs, by phase ("total" = their sum)."""
+    r = _replicas(num_gpus, prog.model_devices)
+    members = math.ceil(essa.population_size / r)  # the pop axis pads P to a multiple of R
+    rows = members * essa.prompts_per_candidate
+    gen = generation_time(rows, prog, model, chip)
+    processes = math.ceil(num_gpus / chip.gpus_per_node)
+    total_rows = essa.population_size * essa.prompts_per_candidate
+    d, p = essa.genome_dims, essa.population_size
+    es_flops = 2 * p * d * d + 2 * (essa.num_parents + 1) * d * d + 4 * d**3 / essa.eigen_interval
     phases = {
-        "rollout": generation_time(b, model, hw, workload),
-        "fitness_allgather": allgather_time(p * essa.fitness_bytes, num_gpus, hw),
-        "es_update": (2.0 * p * d * d + 10.0 * d**3) / hw.host_flops,
+        "rollout": gen["total"],
+        "row_gather": allgather_time(essa.gather_bytes_per_row * total_rows, processes, chip),
+        "es_tell": es_flops / essa.es_flops,
     }
     phases["total"] = sum(phases.values())
-    return phases
-
-
-def grpo_trainable_params(model: ModelSpec, grpo: GRPOSettings) -> float:
-    if grpo.trainable == "lora":
-        return float(model.lora_params(grpo.rank))
-    if grpo.trainable == "full":
-        return float(model.n_params)
-    raise ValueError(f"trainable={grpo.trainable!r} is invalid: valid values are 'lora', 'full'")
-
-
-def grpo_step_time(
-    num_gpus: int,
-    model: ModelSpec,
-    grpo: GRPOSettings = GRPOSettings(),
-    hw: Hardware = Hardware(),
-    workload: Workload = Workload(),
-) -> dict[str, float]:
-    """Seconds of one GRPO step on `num_gpus` GPUs, by phase ("total" = sum)."""
-    r = _check_gpus(num_gpus, workload)
-    rollouts = grpo.prompts_per_step * grpo.group_size
-    tokens = rollouts * (workload.prompt_tokens + workload.mean_completion_tokens)
-    train_flops_per_token = (4.0 if grpo.trainable == "lora" else 6.0) * model.n_params
-    cluster_flops = num_gpus * hw.peak_flops * hw.train_mfu
-    n_train = grpo_trainable_params(model, grpo)
-    phases = {
-        "rollout": generation_time(math.ceil(rollouts / r), model, hw, workload),
-        "old_logprobs": tokens * model.flops_per_token / cluster_flops,
-        "forward_backward": tokens * train_flops_per_token / cluster_flops,
-        "grad_allreduce": grpo.updates_per_step
-        * allreduce_time(n_train * grpo.grad_bytes_per_param, num_gpus, hw),
-        "weight_sync": n_train * model.bytes_per_param / hw.interconnect_bandwidth
-        if num_gpus > 1
-        else 0.0,
-        "switch": grpo.switch_seconds,
-    }
-    phases["total"] = sum(phases.values())
+    phases["rows_per_replica"] = rows
+    phases["gather_bytes"] = essa.gather_bytes_per_row * total_rows
     return phases
 
 
 @dataclasses.dataclass(frozen=True)
-class PaperReport:
-    """Reported minutes to the target accuracy (ESSA Sec. 5, Qwen2.5-32B, PRM800K, acc 0.835)."""
+class GRPOSettings:
+    """GRPO's per-step sizes: Q prompts x N rollouts (our F-GRPO config: 64 x 8)."""
 
-    model: str = "Qwen2.5-32B"
-    target: str = "PRM800K accuracy 0.835"
+    prompts_per_step: int = 64
+    group_size: int = 8
+    gather_bytes_per_row: int = 16
+
+
+def update_time(
+    rows: int, upd: UpdateProgram, model: ModelCounts, chip: Chip, g: int
+) -> dict[str, float]:
+    """Seconds of the update (and scoring) over one device's `rows` (g: model axis)."""
+    if rows <= 0:
+        return {"score": 0.0, "update": 0.0, "tp_allreduce": 0.0}
+    s = upd.sequence
+    fwd = rows * (model.dense_flops * s + model.attn_flops_per_key * s * (s + 1) / 2) / g
+    passes = 3 if upd.remat else 2  # forward + input gradients (+ the remat forward)
+    micro = math.ceil(rows / max(1, upd.micro_batch_rows))
+    w = model.weight_bytes / g
+    update = max(passes * fwd / chip.peak_flops, micro * passes * w / chip.hbm_bandwidth)
+    score = upd.score_passes * max(fwd / chip.peak_flops, micro * w / chip.hbm_bandwidth)
+    tp = 0.0
+    if g > 1:  # 2 all-reduces per layer per pass over the activations, forward and backward
+        act = rows * s * model.hidden_size * model.activation_bytes
+        ops = (passes + upd.score_passes) * 2 * model.num_layers
+        tp = micro * ops * allreduce_time(act / micro, g, chip)
+    return {"score": score, "update": update, "tp_allreduce": tp}
+
+
+def grpo_step_time(
+    num_gpus: int,
+    rollout: GenerationProgram,
+    upd: UpdateProgram,
+    model: ModelCounts,
+    grpo: GRPOSettings,
+    chip: Chip,
+) -> dict[str, float]:
+    """Seconds of one GRPO step on `num_gpus` GPUs, by phase ("total" = their sum)."""
+    g = rollout.model_devices
+    r = _replicas(num_gpus, g)
+    total_rows = grpo.prompts_per_step * grpo.group_size
+    rows = math.ceil(total_rows / r)  # rows padded to the data axis
+    gen = generation_time(rows, rollout, model, chip)
+    upd_t = update_time(rows, upd, model, chip, g)
+    processes = math.ceil(num_gpus / chip.gpus_per_node)
+    phases = {
+        "rollout": gen["total"],
+        "row_gather": allgather_time(grpo.gather_bytes_per_row * total_rows, processes, chip),
+        "score": upd_t["score"],
+        "update": upd_t["update"] + upd_t["tp_allreduce"],
+        "grad_allreduce": allreduce_time(upd.grad_bytes, r, chip),
+    }
+    phases["total"] = sum(phases.values())
+    phases["rows_per_replica"] = rows
+    return phases
+
+
+def _replicas(num_gpus: int, g: int) -> int:
+    if isinstance(num_gpus, bool) or not isinstance(num_gpus, int) or num_gpus < 1:
+        raise ValueError(f"num_gpus={num_gpus!r} is invalid: valid values are integers >= 1")
+    if num_gpus % g:
+        raise ValueError(f"num_gpus={num_gpus} is invalid: must be a multiple of model={g}")
+    return num_gpus // g
+
+
+# ---------------------------------------------------------------------------------------------
+# against the paper
+
+
+@dataclasses.dataclass(frozen=True)
+class PaperReport:
+    """Reported minutes to the target (ESSA Sec. 5, Qwen2.5-32B, PRM800K, accuracy 0.835)."""
+
     essa_minutes: dict = dataclasses.field(default_factory=lambda: {16: 200.0, 128: 20.0})
     grpo_minutes: dict = dataclasses.field(default_factory=lambda: {16: 400.0, 128: 150.0})
-    reported_speedup: dict = dataclasses.field(default_factory=lambda: {16: 2.0, 128: 6.0})
 
 
-def time_to_target(
-    gpu_counts: tuple[int, ...],
-    model: ModelSpec,
-    *,
-    essa: ESSASettings = ESSASettings(),
-    grpo: GRPOSettings = GRPOSettings(),
-    hw: Hardware = Hardware(),
-    workload: Workload = Workload(),
+def compare_with_paper(
+    essa_step_s: dict[int, float],
+    grpo_step_s: dict[int, float],
     report: PaperReport = PaperReport(),
-    calibrate_at: int = 16,
-) -> dict[str, Any]:
-    """Predicted minutes to the target and ESSA-vs-GRPO speedup for each GPU count.
+    small: int = 16,
+    large: int = 128,
+) -> dict[str, float]:
+    """What per-step times can and cannot say about the paper's time-to-target speedups.
 
-    Step counts are calibrated at `calibrate_at` GPUs from `report` (module docstring); the
-    result holds them with the per-step times, so the arithmetic can be checked.
-    """
-    if calibrate_at not in report.essa_minutes or calibrate_at not in report.grpo_minutes:
-        raise ValueError(
-            f"calibrate_at={calibrate_at} is invalid: valid values are the GPU counts the report "
-            f"has for both methods: {sorted(set(report.essa_minutes) & set(report.grpo_minutes))}"
-        )
-    essa_steps = (
-        60
-        * report.essa_minutes[calibrate_at]
-        / essa_generation_time(calibrate_at, model, essa, hw, workload)["total"]
-    )
-    grpo_steps = (
-        60
-        * report.grpo_minutes[calibrate_at]
-        / grpo_step_time(calibrate_at, model, grpo, hw, workload)["total"]
-    )
-    rows = []
-    for n in gpu_counts:
-        te = essa_generation_time(n, model, essa, hw, workload)["total"]
-        tg = grpo_step_time(n, model, grpo, hw, workload)["total"]
-        rows.append(
-            {
-                "gpus": n,
-                "essa_step_s": te,
-                "grpo_step_s": tg,
-                "essa_minutes": essa_steps * te / 60,
-                "grpo_minutes": grpo_steps * tg / 60,
-                "speedup": (grpo_steps * tg) / (essa_steps * te),
-            }
-        )
-    return {"essa_steps": essa_steps, "grpo_steps": grpo_steps, "rows": rows}
+    The paper's speedup at G GPUs is (steps_GRPO t_GRPO(G)) / (steps_ESSA t_ESSA(G)). Step
+    counts to a target are not a cost (the model has none), so the comparison that needs no
+    fitted number is of how each method's time scales from `small` to `large` GPUs, at a
+    fixed number of steps: predicted t(small) / t(large) against the reported minutes'
+    ratio, and the growth of the speedup, [t_G(large) / t_G(small)] / [t_E(large) / t_E(small)]
+    (the paper: 6 / 2 = 3). `implied_step_ratio` is the steps_GRPO / steps_ESSA that the
+    paper's `small`-GPU minutes and our step times imply (an output, fed back into nothing)."""
+    e_small, e_large = essa_step_s[small], essa_step_s[large]
+    g_small, g_large = grpo_step_s[small], grpo_step_s[large]
+    rep_e = report.essa_minutes[small] / report.essa_minutes[large]
+    rep_g = report.grpo_minutes[small] / report.grpo_minutes[large]
+    pred_growth = (g_large / g_small) / (e_large / e_small)
+    rep_speed_small = report.grpo_minutes[small] / report.essa_minutes[small]
+    rep_speed_large = report.grpo_minutes[large] / report.essa_minutes[large]
+    return {
+        "predicted_essa_scaling": e_small / e_large,
+        "reported_essa_scaling": rep_e,
+        "predicted_grpo_scaling": g_small / g_large,
+        "reported_grpo_scaling": rep_g,
+        "linear_scaling": large / small,
+        "predicted_speedup_growth": pred_growth,
+        "reported_speedup_growth": rep_speed_large / rep_speed_small,
+        "step_time_ratio_small": g_small / e_small,
+        "step_time_ratio_large": g_large / e_large,
+        "implied_step_ratio": rep_speed_small * e_small / g_small,
+        "speedup_large_at_reported_small": rep_speed_small * pred_growth,
+    }
 
 
 def scaling_efficiency(step_time: dict[int, float]) -> dict[int, float]:

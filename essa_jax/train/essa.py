@@ -28,7 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from essa_jax import lora as lora_lib
-from essa_jax.config import check_mesh_model
+from essa_jax.config import check_mesh_model, search_seed
 from essa_jax.es import get_strategy
 from essa_jax.mesh import make_mesh
 from essa_jax.population import PopulationEvaluator, PromptBatch, essa_generation, text_reward
@@ -108,7 +108,7 @@ class ESSALoop:
         check_mesh_model(c.mesh, jax.device_count(), run.model_config)
         self.mesh = make_mesh(data=c.mesh.data, model=c.mesh.model)
         self.evaluator = PopulationEvaluator(
-            run.params,
+            run.infer_params,  # the quantised base when model.quantize is set
             run.model_config,
             self.layout,
             mesh=self.mesh,
@@ -133,7 +133,7 @@ class ESSALoop:
             scale=genome_scale(basis, self.layout),
             key=k_run,
             step=jnp.int32(0),
-            cursor=init_cursor(len(self.run.train), self.run.config.seed + 1),
+            cursor=init_cursor(len(self.run.train), search_seed(self.run.config) + 1),
         )
 
     @staticmethod

@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 
 from essa_jax import lora as lora_lib
-from essa_jax.config import grpo_config
+from essa_jax.config import grpo_config, search_seed
 from essa_jax.rl import FrozenPolicy, GRPOState, GRPOTrainer
 from essa_jax.rl.trainer import on_mesh, place_base
 from essa_jax.train.rollouts import init_cursor, next_indices
@@ -78,9 +78,11 @@ class GRPOLoop:
             mesh=run.mesh,
         )
         # Placed once: a jitted call would otherwise transfer the weights on every step.
-        self.base = (
-            run.params if run.mesh is None else place_base(run.params, run.mesh, run.model_config)
-        )
+        # The quantised base when model.quantize is set: rollouts, scores and updates all run on
+        # it (QLoRA-style: the gradient reaches the adapter through the dequantised kernels), so
+        # the policy that samples is the one that is scored (on-policy ratios).
+        base = run.infer_params
+        self.base = base if run.mesh is None else place_base(base, run.mesh, run.model_config)
 
     def init_state(self, key: jax.Array, sft_lora: dict) -> GRPOLoopState:
         if self.svd:
@@ -95,7 +97,7 @@ class GRPOLoop:
         return GRPOLoopState(
             grpo=self.trainer.init(trainable, key),
             frozen=frozen,
-            cursor=init_cursor(len(self.run.train), self.run.config.seed + 2),
+            cursor=init_cursor(len(self.run.train), search_seed(self.run.config) + 2),
         )
 
     def _local(self, tree: Any) -> Any:
@@ -134,6 +136,12 @@ class GRPOLoop:
         metrics = {
             "reward": m.pop("reward_mean"),
             "zero_variance": m.pop("zero_variance_frac"),
+            # F-GRPO's diagnostics (arXiv 2602.06717), splitting zero_variance: prompt groups whose
+            # every rollout is right (reward >= grpo.r_correct, 1.0 for "arith" / "math") or wrong
+            # (<= grpo.r_wrong); `entropy` (kept as is) is the sampling policy's mean token entropy
+            # over the completion tokens (`rl.GRPOTrainer._metrics`).
+            "all_right": m.pop("all_right_frac"),
+            "all_wrong": m.pop("all_wrong_frac"),
             "completion_len": m.pop("completion_len_mean"),
             "truncated": m.pop("truncation_rate"),
             **m,

@@ -36,7 +36,7 @@ import numpy as np
 
 from essa_jax import lora as lora_lib
 from essa_jax.checkpointing import Checkpointer, restore_checkpointer_with_fallback
-from essa_jax.config import RANDOM_PREFIX, validate_config
+from essa_jax.config import RANDOM_PREFIX, search_seed, validate_config
 from essa_jax.evaluation import heldout_accuracy, heldout_pass_at_k
 from essa_jax.train import summary as summary_lib
 from essa_jax.train.metrics import MetricsLogger, Progress
@@ -64,6 +64,15 @@ class Run:
     logger: MetricsLogger
     verbose: bool = True
     mesh: Any = None  # SFT's and GRPO's mesh (`data_parallel_mesh`); None = one device
+    # Task-file rows dropped as malformed (task.on_malformed = "skip"); 0 for generated tasks.
+    malformed_skipped: int = 0
+    # The base every program after SFT runs on (ESSA's population, GRPO, held-out evaluation):
+    # `params` with the projections in `model.quantize` form; `params` itself when "none".
+    infer_params: Any = None
+
+    def __post_init__(self) -> None:
+        if self.infer_params is None:
+            self.infer_params = self.params
 
     def log(self, msg: str) -> None:
         if self.verbose:
@@ -84,6 +93,29 @@ def load_model(config) -> tuple[Any, Any, Any]:
     model_config, params = load_pretrained(path, dtype)
     tokenizer = load_tokenizer(config.model.tokenizer or path)
     return model_config, params, tokenizer
+
+
+def quantized_base(config, model_config: Any, params: Any) -> Any:
+    """`params` with the projections in `config.model.quantize` form (`params` when "none"): a
+    GGUF's Q8_0 / Q4_0 / Q4_1 blocks as they are, other kernels quantised with qwix
+    (`models.quantize_base`). SFT keeps the float `params`; everything after it runs on this."""
+    from essa_jax.models import quantize_base, quantize_params
+
+    mode, group = config.model.quantize, int(config.model.quant_group)
+    if mode == "none":
+        return params
+    if mode == "int4":
+        from essa_jax.config import ConfigError
+        from essa_jax.models.quant import check_group
+
+        try:  # a shape validate_config could not read without the weights is checked here
+            check_group(model_config, group)
+        except ValueError as e:
+            valid = str(e).split("valid values are ")[1]
+            raise ConfigError("model.quant_group", group, valid) from None
+    if config.model.path.startswith(RANDOM_PREFIX):
+        return quantize_params(params, mode, group)
+    return quantize_base(config.model.path, params, model_config, mode, group)
 
 
 def make_loop(run: Run):
@@ -157,6 +189,11 @@ def build_run(config, workdir: str, *, verbose: bool = True) -> Run:
         # evaluation included: it runs tensor-parallel from the weights' shardings).
         check_mesh_model(config.mesh, jax.device_count(), model_config)
         params = place_params(params, mesh, model_config)
+    infer_params = quantized_base(config, model_config, params)
+    if int(config.mesh.model) > 1 and infer_params is not params:
+        from essa_jax.mesh import place_params
+
+        infer_params = place_params(infer_params, mesh, model_config)
     run = Run(
         config=config,
         workdir=workdir,
@@ -171,26 +208,33 @@ def build_run(config, workdir: str, *, verbose: bool = True) -> Run:
         logger=MetricsLogger(workdir, write_files=_is_main()),
         verbose=verbose and _is_main(),
         mesh=mesh,
+        malformed_skipped=sum(r.num_skipped for r in task.reports),
+        infer_params=infer_params,
     )
     check_data_parallel(config, run.mesh)
     run.log(
         f"model {config.model.path} ({model_config.num_params() / 1e6:.1f}M params) and task "
         f"{config.task.name}: {len(train)} train / {len(heldout)} held-out prompts of "
         f"<= {train.tokens.shape[1]} / {heldout.tokens.shape[1]} tokens "
-        f"(dropped {dropped_train} / {dropped_heldout} too long), loaded in "
-        f"{time.perf_counter() - t0:.1f}s"
+        f"(dropped {dropped_train} / {dropped_heldout} too long"
+        + (f"; {run.malformed_skipped} malformed rows skipped" if run.malformed_skipped else "")
+        + f"), loaded in {time.perf_counter() - t0:.1f}s"
     )
+    for report in task.reports:
+        if report.num_skipped:
+            run.log(report.summary())
     return run
 
 
 def evaluate_policy(run: Run, lora: Any) -> dict[str, Any]:
-    """Greedy held-out accuracy of the policy `lora` (None: the base model), with its 95% CI and
+    """Greedy held-out accuracy of the policy `lora` (None: the base model) on the run's inference
+    base (`Run.infer_params`: quantised when `model.quantize` is set), with its 95% CI and
     per-problem `solved` string (`essa_jax.evaluation.heldout_accuracy`)."""
     data = run.heldout
     sample = policy_sample_fn(
         run.sampler,
         run.tokenizer,
-        run.params,
+        run.infer_params,
         data,
         jax.random.PRNGKey(0),
         batch_size=run.config.eval.batch_size,
@@ -256,8 +300,9 @@ def train_and_evaluate(config, workdir: str, *, resume: bool | None = None, verb
 
     run = build_run(config, workdir, verbose=verbose)
     loop = make_loop(run)
-    key = jax.random.PRNGKey(config.seed)
-    k_sft, k_loop = jax.random.split(key)
+    k_sft, _ = jax.random.split(jax.random.PRNGKey(config.seed))
+    # The loop's key comes from search_seed (= seed unless set): same SFT, other search.
+    _, k_loop = jax.random.split(jax.random.PRNGKey(search_seed(config)))
 
     if latest is None:
         sft_lora, info = _sft(run, k_sft)
@@ -296,6 +341,7 @@ def train_and_evaluate(config, workdir: str, *, resume: bool | None = None, verb
     final = _final_eval(run, final_lora, meta)
     pass_k = _pass_at_k(run, final_lora) if config.eval.pass_k_samples else {}
     summary = summary_lib.make_summary(config, meta, final, pass_k)
+    summary["malformed_rows_skipped"] = run.malformed_skipped
     if _is_main():
         lora_lib.export_peft(
             os.path.join(workdir, "adapter"),
@@ -339,13 +385,16 @@ def _template(run: Run, loop, key: jax.Array) -> Any:
 
 def _pass_at_k(run: Run, lora: Any) -> dict[str, Any]:
     """Unbiased pass@k on the first `eval.pass_k_problems` held-out problems, `eval.pass_k_samples`
-    samples each at temperature 1 (`essa_jax.evaluation.heldout_pass_at_k`)."""
+    samples each at temperature 1 (`essa_jax.evaluation.heldout_pass_at_k`), each with its 95%
+    percentile-bootstrap interval over the problems (seeded by `config.seed`, like the sampling
+    key, so every method of one comparison resamples the same problem draws) and the per-problem
+    correct counts (`pass_correct`, for paired comparisons)."""
     c = run.config.eval
     data = run.heldout.take(np.arange(min(c.pass_k_problems, len(run.heldout))))
     sample = policy_sample_fn(
         run.sampler,
         run.tokenizer,
-        run.params,
+        run.infer_params,
         data,
         jax.random.PRNGKey(run.config.seed + 7),
         batch_size=c.batch_size,
@@ -358,6 +407,7 @@ def _pass_at_k(run: Run, lora: Any) -> dict[str, Any]:
         run.reward_fn,
         samples=c.pass_k_samples,
         ks=tuple(c.pass_k),
+        ci_seed=run.config.seed,
     )
 
 

@@ -7,13 +7,14 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from essa_jax.evaluation import mcnemar_exact
+from essa_jax.evaluation import mcnemar_exact, pass_at_k_values
 
 SUMMARY_FILE = "summary.json"
 
 
 def make_summary(config, meta: dict, final: dict, pass_k: dict) -> dict[str, Any]:
-    """Held-out accuracy before (SFT) / after with n and 95% CI, wall-clock, tokens, pass@k."""
+    """Held-out accuracy before (SFT) / after with n and 95% CI, wall-clock, tokens, pass@k (with
+    `pass_at_<k>_ci` bootstrap intervals and per-problem `pass_correct` when measured)."""
     sft = meta["sft_eval"]
     train_rows = [r for r in meta["history"] if r["phase"] == "train"]
     out = {
@@ -74,11 +75,9 @@ def format_summary(s: dict[str, Any]) -> str:
         )
     if "base_heldout_acc" in s:
         rows.insert(3, ("held-out acc, base model", f"{s['base_heldout_acc']:.3f}"))
-    rows += [
-        (k.replace("_", "@", 1).replace("pass@at_", "pass@"), f"{v:.3f}")
-        for k, v in s.items()
-        if k.startswith("pass_at_")
-    ]
+    for k, v in pass_at_k_values(s).items():
+        ci_k = s.get(f"pass_at_{k}_ci")  # the bootstrap interval over problems, when recorded
+        rows.append((f"pass@{k}", f"{v:.3f}" + (f"  95% CI {ci(ci_k)}" if ci_k else "")))
     w = max(len(k) for k, _ in rows)
     return "\n".join(f"{k.ljust(w)}  {v}" for k, v in rows)
 

@@ -44,7 +44,7 @@ def data_task_config(task, seed: int) -> dict[str, Any]:
             eval_fraction=0.0 if task.eval_path else task.eval_fraction,
             max_train=task.num_train,
             max_eval=task.num_heldout,
-            on_malformed="skip",
+            on_malformed=task.get("on_malformed", "error"),
         )
     return out
 
@@ -105,4 +105,23 @@ def load_task(task_config, seed: int):
     from essa_jax.rewards import get_reward, guard_reward
 
     task = data_load_task(data_task_config(task_config, seed))
+    _check_prefill(task_config, task.train + task.eval)
     return task, guard_reward(get_reward(task.reward))
+
+
+def _check_prefill(task_config, examples: Sequence[dict[str, Any]]) -> None:
+    """The prefilled formats start the answer with each example's `prefill` text ("A + B = "),
+    which only the arithmetic generators write: a file task without it is a config error."""
+    from essa_jax.config import ConfigError
+
+    if task_config.prompt_format not in PREFILL_FORMATS:
+        return
+    missing = next((ex for ex in examples if not ex.get("prefill")), None)
+    if missing is not None:
+        raise ConfigError(
+            "task.prompt_format",
+            task_config.prompt_format,
+            "'chat' | 'plain' | 'few_shot' for this task",
+            f"example {missing.get('id', '?')!r} of task {task_config.name!r} has no 'prefill' "
+            "text (only the generated arithmetic tasks write one)",
+        )

@@ -8,7 +8,11 @@ Paper: beta = 0, clip 0.2 / 0.2 (DAPO 0.2 / 0.28: --config.grpo.eps_high=0.28; C
 --config.grpo.loss=cispo --config.grpo.eps_low=1.0 --config.grpo.eps_high=5.0), token-mean,
 AdamW lr 1e-6, wd 0.01, grad clip 1.0, N = 8, temperature 1.0, gamma in {0.5, 1, 2} (0.5 best).
 Reported (math average pass@1 / pass@256): GRPO 37.3 / 64.1 -> F-GRPO 38.6 / 70.3.
-The paper fine-tunes all weights; here a high-rank LoRA (use_rslora-style scale) stands in.
+Two differences from the paper, both because this library trains adapters:
+- the paper fine-tunes all weights; here a rank-64 LoRA on every projection stands in, with PEFT's
+  plain scale alpha / r = 2 (not rsLoRA's alpha / sqrt(r));
+- like the paper, GRPO starts from the model itself (sft.steps = 0: the LoRA's B factors are zero,
+  so the first policy is exactly Qwen2.5-7B); no SFT stage runs.
 """
 
 from essa_jax.config import UNSET, base_config
@@ -31,10 +35,7 @@ def get_config():
     c.lora.rank = 64
     c.lora.alpha = 128.0
     c.lora.targets = ("q", "k", "v", "o", "gate", "up", "down")
-    c.sft.steps = 100
-    c.sft.batch_size = 16
-    c.sft.learning_rate = 1e-4
-    c.sft.micro_batch_size = 1  # rows per device at a time (16 / 8 devices = 2 rows each)
+    c.sft.steps = 0  # the paper has no SFT stage: GRPO from the model itself
     c.grpo.steps = 500
     c.grpo.batch_size = 512  # 64 prompts x N = 8
     c.grpo.group_size = 8

@@ -171,7 +171,7 @@ def test_malformed_rows_skip_counts(tmp_path, cache):
 def test_math_without_answer_is_malformed(tmp_path, cache):
     rows = [MATH_ROWS[0], {"problem": "p", "solution": "no box here"}]
     path = _write_jsonl(tmp_path / "m.jsonl", rows)
-    with pytest.raises(MalformedRowError, match=r"m.jsonl: row 1: .*boxed"):
+    with pytest.raises(MalformedRowError, match=r"m.jsonl: row 1 \(counting from 0\): .*boxed"):
         load_examples(path, cache_dir=cache)
 
 

@@ -7,9 +7,13 @@ population, sharded generation, each process scores its own rows, per-row scores
 scores: the mean log-probability of the greedy completion (continuous) and an exact one computed
 from the greedy tokens alone (identical on every layout whenever the tokens are).
 
+Saved: the fitness per generation and the CMA-ES search state (mean, sigma, p_sigma, p_c, C, B,
+D, ...) at the start ("start_" / "token_start_") and after the last generation ("" / "token_").
+
 usage: essa_worker.py OUT_DIR [GENERATIONS]   (writes OUT_DIR/p<process_id>.npz)
 """
 
+import dataclasses
 import os
 import sys
 
@@ -32,30 +36,52 @@ def token_score(rows):
     return ((np.asarray(g.tokens) * np.asarray(g.mask)).sum(axis=-1) % 97 / 97).astype(np.float32)
 
 
+# Bookkeeping of the strategy state (counters, best-so-far): not search state, not compared.
+BOOKKEEPING = {
+    "generation",
+    "best_member",
+    "best_fitness",
+    "generation_best_fitness",
+    "num_nonfinite",
+    "update_norm",
+}
+
+
+def search_state(state, prefix):
+    """The CMA-ES search state's fields (mean, sigma, paths, covariance, B, D) as named arrays."""
+    return {
+        prefix + f.name: np.asarray(getattr(state, f.name))
+        for f in dataclasses.fields(state)
+        if f.name not in BOOKKEEPING
+    }
+
+
 def run(gens, score=None):
     essa, state = make_mesh_essa(population_size=8, prompts=2)
+    start = state
     if score is not None:
         essa.evaluator.score = score
     history = []
     for g in range(gens):
         state, fitness = essa.generation(state, g)
         history.append(fitness)
-    return state, np.stack(history)
+    return start, state, np.stack(history)
 
 
 def main():
     out_dir, gens = sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 3
-    state, history = run(gens)
-    token_state, token_history = run(gens, token_score)
+    start, state, history = run(gens)
+    token_start, token_state, token_history = run(gens, token_score)
     info = D.process_info()
     os.makedirs(out_dir, exist_ok=True)
     np.savez(
         os.path.join(out_dir, f"p{info.process_id}.npz"),
         fitness=history,
-        mean=np.asarray(state.mean),
         token_fitness=token_history,
-        token_mean=np.asarray(token_state.mean),
-        sigma=np.asarray(state.sigma),
+        **search_state(start, "start_"),
+        **search_state(state, ""),
+        **search_state(token_start, "token_start_"),
+        **search_state(token_state, "token_"),
         devices=info.global_device_count,
         processes=info.num_processes,
     )

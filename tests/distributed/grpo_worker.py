@@ -101,13 +101,15 @@ def main():
     info = D.process_info()
     os.makedirs(out_dir, exist_ok=True)
     grpo_leaves = [np.asarray(x) for x in jax.tree.leaves(jax.device_get(new.params))]
-    before = [np.asarray(x) for x in jax.tree.leaves(jax.device_get(trainable))]
+    # L2 norm of the LoRA's change over all its leaves: how far the GRPO step moved it.
+    delta = zip(grpo_leaves, jax.tree.leaves(jax.device_get(trainable)), strict=True)
+    moved = float(np.sqrt(sum(np.sum((a - np.asarray(b)) ** 2) for a, b in delta)))
     sft_leaves = [np.asarray(x) for x in jax.tree.leaves(jax.device_get(sft_lora))]
     np.savez(
         os.path.join(out_dir, f"p{info.process_id}.npz"),
         *grpo_leaves,
         *sft_leaves,
-        moved=max(float(np.abs(a - b).max()) for a, b in zip(grpo_leaves, before, strict=True)),
+        moved=moved,
         rewarded=sum(rewarded),
         local_rollouts=m["local_rollouts"],
         reward_mean=m["reward_mean"],

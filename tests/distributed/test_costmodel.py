@@ -1,130 +1,157 @@
-"""Cost model: arithmetic against hand-computed cases, monotonicity and limits."""
+"""The first-principles cost model (`essa_jax.scaling.costmodel`): arithmetic against hand-computed
+cases, the shape counts against the plan's, the published hardware table, limits and errors."""
 
+import dataclasses
 import math
 
 import pytest
 
+from essa_jax import plan
+from essa_jax.models.shapes import model_shape
 from essa_jax.scaling import costmodel as cm
 
-TOY = cm.ModelSpec(
-    "toy", n_params=1e9, num_layers=2, hidden_size=8, num_heads=2, num_kv_heads=1, head_dim=4
-)
-HW = cm.Hardware(
-    hbm_bandwidth=1e12,
-    interconnect_bandwidth=1e9,
-    collective_latency=1e-6,
+CHIP = dataclasses.replace(
+    cm.HARDWARE["H100-SXM"],
+    name="toy",
     peak_flops=1e15,
-    train_mfu=0.5,
-    host_flops=1e12,
+    hbm_bandwidth=1e12,
+    intra_node_bandwidth=1e11,
+    inter_node_bandwidth=1e10,
+    gpus_per_node=4,
+    intra_node_latency=1e-6,
+    inter_node_latency=1e-5,
 )
-WL = cm.Workload(
-    prompt_tokens=10,
-    mean_completion_tokens=20,
-    max_completion_tokens=50,
-    concurrent_rows=4,
-    gen_tokens_per_s=1000.0,
+MODEL = cm.ModelCounts(
+    name="toy",
+    num_layers=2,
+    hidden_size=8,
+    dense_flops=2e9,
+    attn_flops_per_key=0.0,
+    kv_bytes_per_token=1e6,
+    weight_bytes=2e9,
+)
+PROG = cm.GenerationProgram(
+    model_devices=1, rows_per_chunk=4, prompt_tokens=10, new_tokens=3, weight_bytes_per_device=2e9
 )
 
 
 def test_generation_time_by_hand():
-    # t_tok = 1 ms, t_mem = 2e9 B / 1e12 B/s = 2 ms.
-    # b=8: steps = max(50, 2 waves x 20) = 50 -> 8 x 30 x 1e-3 + 50 x 2e-3 = 0.34 s.
-    assert cm.generation_time(8, TOY, HW, WL) == pytest.approx(0.34)
-    # b=12: 3 waves x 20 = 60 steps -> 0.36 + 0.12.
-    assert cm.generation_time(12, TOY, HW, WL) == pytest.approx(0.48)
-    assert cm.generation_time(0, TOY, HW, WL) == 0.0
-    # Two GPUs per replica halve both per-token and per-step costs.
-    wl2 = cm.Workload(**{**WL.__dict__, "gpus_per_replica": 2})
-    assert cm.generation_time(8, TOY, HW, wl2) == pytest.approx(0.17)
+    # Per chunk of 4 rows: prefill reads the weights and writes 4 x 10 KV tokens (memory-bound):
+    # (2e9 + 4e7) / 1e12; decode steps at 11, 12, 13 keys read 2e9 + 4 x ctx x 1e6 bytes.
+    prefill = 2.04e-3
+    decode = sum((2e9 + 4 * ctx * 1e6) / 1e12 for ctx in (11, 12, 13))
+    t = cm.generation_time(8, PROG, MODEL, CHIP)
+    assert t["chunks"] == 2
+    assert t["prefill"] == pytest.approx(2 * prefill)
+    assert t["decode"] == pytest.approx(2 * decode)
+    assert t["tp_allreduce"] == 0.0 and t["decode_memory_bound_share"] == 1.0
+    assert t["total"] == pytest.approx(2 * (prefill + decode))
+    # Fewer rows than a chunk: one chunk of those rows; 0 rows cost nothing.
+    assert cm.generation_time(2, PROG, MODEL, CHIP)["chunks"] == 1
+    assert cm.generation_time(0, PROG, MODEL, CHIP)["total"] == 0.0
+    # Compute-bound when the rows' FLOPs outweigh the weight reads: 1e5 rows x 2e9 FLOP / 1e15.
+    big = dataclasses.replace(PROG, rows_per_chunk=10**5, new_tokens=1)
+    t = cm.generation_time(10**5, big, dataclasses.replace(MODEL, kv_bytes_per_token=0.0), CHIP)
+    assert t["decode"] == pytest.approx(1e5 * 2e9 / 1e15)
+    assert t["decode_memory_bound_share"] == 0.0
 
 
-def test_collective_times_by_hand():
-    assert cm.allreduce_time(1e9, 4, HW) == pytest.approx(6e-6 + 1.5)
-    assert cm.allgather_time(400.0, 8, HW) == pytest.approx(2e-6 * 3 + 7 / 8 * 400 / 1e9)
-    assert cm.allreduce_time(1e9, 1, HW) == 0.0 == cm.allgather_time(1e9, 1, HW)
+def test_tensor_parallel_all_reduces_by_hand():
+    prog = dataclasses.replace(PROG, model_devices=2, new_tokens=1, tp_bytes_per_row_layer=32.0)
+    t = cm.generation_time(4, prog, MODEL, CHIP)
+    # 2 layers x 2 all-reduces; prefill of 4 x 10 rows x 16 B, one step of 4 rows x 16 B; ring
+    # over 2 devices: 2 latency steps + 2 (n - 1) / n x bytes / NVLink.
+    one = 2 * 1e-6 + 640 / 1e11
+    step = 2 * 1e-6 + 64 / 1e11
+    assert t["tp_allreduce"] == pytest.approx(4 * (one + step))
 
 
-def test_essa_and_grpo_step_by_hand():
-    essa = cm.ESSASettings(population_size=8, prompts_per_candidate=4, rank=1, num_targets=1)
-    e = cm.essa_generation_time(4, TOY, essa, HW, WL)
-    d = 2 * 1 * 1 * 2  # layers x targets x rank x 2
-    assert e["rollout"] == pytest.approx(cm.generation_time(8, TOY, HW, WL))
-    assert e["fitness_allgather"] == pytest.approx(2e-6 * 2 + 3 / 4 * 32 / 1e9)
-    assert e["es_update"] == pytest.approx((2 * 8 * d * d + 10 * d**3) / 1e12)
-    assert e["total"] == pytest.approx(e["rollout"] + e["fitness_allgather"] + e["es_update"])
-
-    grpo = cm.GRPOSettings(prompts_per_step=4, group_size=2, trainable="full", switch_seconds=1.0)
-    g = cm.grpo_step_time(2, TOY, grpo, HW, WL)
-    tokens = 8 * 30
-    assert g["rollout"] == pytest.approx(cm.generation_time(4, TOY, HW, WL))
-    assert g["old_logprobs"] == pytest.approx(tokens * 2e9 / (2 * 1e15 * 0.5))
-    assert g["forward_backward"] == pytest.approx(tokens * 6e9 / (2 * 1e15 * 0.5))
-    assert g["grad_allreduce"] == pytest.approx(2e-6 + 1e9 * 4 / 1e9)
-    assert g["weight_sync"] == pytest.approx(2e9 / 1e9)
-    assert g["switch"] == 1.0
+def test_collectives_by_hand_and_the_link_they_use():
+    assert cm.allreduce_time(1e9, 4, CHIP) == pytest.approx(6e-6 + 1.5e9 / 1e11)  # NVLink
+    assert cm.allreduce_time(1e9, 8, CHIP) == pytest.approx(14e-5 + 1.75e9 / 1e10)  # IB
+    assert cm.allgather_time(800.0, 8, CHIP) == pytest.approx(7e-5 + 700 / 1e10)
+    assert cm.allreduce_time(1e9, 1, CHIP) == 0.0 == cm.allgather_time(1e9, 1, CHIP)
 
 
-def test_qwen_lora_and_genome_sizes():
-    # Qwen2.5-7B, rank 2, q/k/v/o: 28 x 4 x 2 x 2 = 448 (ESSA Sec. 3).
-    assert cm.QWEN25_7B.essa_genome_dims(2) == 448
-    # q: 3584 -> 3584, k/v: 3584 -> 512, o: 3584 -> 3584; r (in + out) each, 28 layers.
-    assert cm.QWEN25_7B.lora_params(8) == 28 * 8 * (7168 + 4096 + 4096 + 7168)
+def test_essa_generation_by_hand():
+    essa = cm.ESSASettings(
+        population_size=6, prompts_per_candidate=4, genome_dims=10, num_parents=2,
+        eigen_interval=5, es_flops=1e9,
+    )  # fmt: skip
+    e = cm.essa_generation_time(4, PROG, MODEL, essa, CHIP)
+    # 6 members on 4 replicas: the pop axis pads to 8, 2 members x 4 prompts per replica.
+    assert e["rows_per_replica"] == 8
+    assert e["rollout"] == pytest.approx(cm.generation_time(8, PROG, MODEL, CHIP)["total"])
+    assert e["gather_bytes"] == 16 * 24
+    assert e["row_gather"] == 0.0  # 4 GPUs = one node = one process
+    tell = (2 * 6 * 100 + 2 * 3 * 100 + 4 * 1000 / 5) / 1e9
+    assert e["es_tell"] == pytest.approx(tell)
+    e8 = cm.essa_generation_time(8, PROG, MODEL, essa, CHIP)  # two nodes: one IB all-gather
+    assert e8["row_gather"] == pytest.approx(cm.allgather_time(16 * 24, 2, CHIP))
+    assert e8["total"] == pytest.approx(e8["rollout"] + e8["row_gather"] + e8["es_tell"])
 
 
-def test_monotone_and_limits():
-    model, wl = cm.QWEN25_32B, cm.Workload(gpus_per_replica=2)
-    gpus = (8, 16, 32, 64, 128)
-    essa = [cm.essa_generation_time(n, model, workload=wl)["total"] for n in gpus]
-    grpo = [cm.grpo_step_time(n, model, workload=wl)["total"] for n in gpus]
-    assert all(a > b for a, b in zip(essa, essa[1:], strict=False))
-    assert all(a >= b for a, b in zip(grpo, grpo[1:], strict=False))
-    # Past one rollout per replica nothing shrinks: the step time is the latency floor.
-    floor_essa = cm.essa_generation_time(2 * 96 * 100, model, workload=wl)
-    assert floor_essa["rollout"] == pytest.approx(cm.generation_time(1, model, cm.Hardware(), wl))
-    big = cm.grpo_step_time(2 * 1024 * 64, model, workload=wl)
-    assert big["total"] > cm.GRPOSettings().switch_seconds + big["rollout"]
-    # Throughput-bound regime (no tail, unlimited KV rows): ESSA scales linearly.
-    wl_lin = cm.Workload(
-        max_completion_tokens=1,
-        concurrent_rows=10**9,
-        gpus_per_replica=1,
-        mean_completion_tokens=600,
-        prompt_tokens=0,
-    )
-    hw_free = cm.Hardware(hbm_bandwidth=math.inf, host_flops=math.inf)
-    t = {
-        n: cm.essa_generation_time(n, cm.QWEN25_7B, hw=hw_free, workload=wl_lin)["total"]
-        for n in (8, 96)
-    }
-    eff = cm.scaling_efficiency(t)
-    assert eff[96] == pytest.approx(1.0, rel=1e-3)
+def test_grpo_step_by_hand():
+    upd = cm.UpdateProgram(micro_batch_rows=2, sequence=13, remat=True, grad_bytes=1e6)
+    grpo = cm.GRPOSettings(prompts_per_step=4, group_size=2)
+    g = cm.grpo_step_time(8, PROG, upd, MODEL, grpo, CHIP)
+    # 8 rollouts over 8 replicas: 1 row each; update = 3 passes over 13 tokens (compute) vs
+    # 1 micro-batch x 3 weight reads (memory): 6e-3 s.
+    assert g["rows_per_replica"] == 1
+    assert g["rollout"] == pytest.approx(cm.generation_time(1, PROG, MODEL, CHIP)["total"])
+    assert g["update"] == pytest.approx(max(3 * 13 * 2e9 / 1e15, 3 * 2e9 / 1e12))
+    assert g["grad_allreduce"] == pytest.approx(cm.allreduce_time(1e6, 8, CHIP))
+    assert g["score"] == 0.0
+    parts = ("rollout", "row_gather", "score", "update", "grad_allreduce")
+    assert g["total"] == pytest.approx(sum(g[k] for k in parts))
 
 
-def test_time_to_target_calibration():
-    out = cm.time_to_target((16, 128), cm.QWEN25_32B, workload=cm.Workload(gpus_per_replica=2))
-    r16, r128 = out["rows"]
-    assert r16["essa_minutes"] == pytest.approx(200.0)
-    assert r16["grpo_minutes"] == pytest.approx(400.0)
-    assert r16["speedup"] == pytest.approx(2.0)
-    # The 128-GPU speedup is 2 x (GRPO's step-time ratio) / (ESSA's step-time ratio).
-    want = (
-        2.0
-        * (r128["grpo_step_s"] / r16["grpo_step_s"])
-        / (r128["essa_step_s"] / r16["essa_step_s"])
-    )
-    assert r128["speedup"] == pytest.approx(want)
-    assert r128["speedup"] > r16["speedup"]
-    assert out["essa_steps"] * r16["essa_step_s"] == pytest.approx(200 * 60)
+def test_shape_counts_match_the_plan_and_the_published_sizes():
+    mc = model_shape("Qwen2.5-32B")
+    m = cm.ModelCounts.from_config(mc, "Qwen2.5-32B")
+    # One token attending one key: the plan's model_flops (the same count, two codes).
+    assert m.dense_flops + m.attn_flops_per_key == pytest.approx(plan.model_flops(mc, 1, 1))
+    assert m.kv_bytes_per_token == 64 * 2 * 8 * 128 * 2  # layers x K,V x kv heads x hd x bf16
+    assert m.weight_bytes == pytest.approx(65.5e9, rel=0.01)  # ~32.8e9 parameters in bf16
+
+
+def test_hardware_table_holds_the_published_h100_figures():
+    h = cm.HARDWARE["H100-SXM"]
+    assert (h.peak_flops, h.hbm_bandwidth, h.memory_bytes) == (989e12, 3.35e12, 80e9)
+    assert h.intra_node_bandwidth == 900e9 / 2 and h.inter_node_bandwidth == 400e9 / 8
+    assert "datasheet" in h.source
+
+
+def test_compare_with_paper_arithmetic():
+    essa = {16: 100.0, 128: 20.0}
+    grpo = {16: 50.0, 128: 25.0}
+    c = cm.compare_with_paper(essa, grpo)
+    assert c["reported_essa_scaling"] == 10.0 and c["reported_grpo_scaling"] == 400 / 150
+    assert c["reported_speedup_growth"] == pytest.approx((150 / 20) / 2)
+    assert c["predicted_essa_scaling"] == 5.0 and c["predicted_grpo_scaling"] == 2.0
+    assert c["predicted_speedup_growth"] == pytest.approx(2.5)  # (25/50) / (20/100)
+    assert c["implied_step_ratio"] == pytest.approx(2 * 100 / 50)
+    assert c["speedup_large_at_reported_small"] == pytest.approx(5.0)
+
+
+def test_larger_clusters_never_slow_a_step_down_and_decode_hits_the_weight_floor():
+    mc = model_shape("Qwen2.5-32B")
+    m = cm.ModelCounts.from_config(mc)
+    h = cm.HARDWARE["H100-SXM"]
+    prog = cm.GenerationProgram(4, 240, 512, 1024, m.weight_bytes / 4, 2.0 * m.hidden_size * 2)
+    essa = cm.ESSASettings()
+    t = [cm.essa_generation_time(n, prog, m, essa, h)["total"] for n in (8, 16, 32, 64, 128)]
+    assert all(a >= b for a, b in zip(t, t[1:], strict=False))
+    # One row per replica: every decode step reads the device's weights once.
+    one = cm.generation_time(1, prog, m, h)
+    floor = 1024 * m.weight_bytes / 4 / h.hbm_bandwidth
+    assert floor <= one["decode"] <= 1.1 * floor
+    assert math.isclose(one["decode_memory_bound_share"], 1.0)
 
 
 def test_bad_inputs_name_the_field():
-    with pytest.raises(ValueError, match="gpus_per_replica=2"):
-        cm.essa_generation_time(3, cm.QWEN25_32B, workload=cm.Workload(gpus_per_replica=2))
     with pytest.raises(ValueError, match="num_gpus"):
-        cm.grpo_step_time(0, cm.QWEN25_7B)
-    with pytest.raises(ValueError, match="trainable"):
-        cm.grpo_step_time(8, cm.QWEN25_7B, cm.GRPOSettings(trainable="half"))
-    with pytest.raises(ValueError, match="calibrate_at"):
-        cm.time_to_target((16,), cm.QWEN25_7B, calibrate_at=32)
-    with pytest.raises(ValueError, match="targets"):
-        cm.QWEN25_7B.lora_params(8, ("q", "mlp"))
+        cm.essa_generation_time(0, PROG, MODEL, cm.ESSASettings(), CHIP)
+    prog2 = dataclasses.replace(PROG, model_devices=4)
+    with pytest.raises(ValueError, match="model=4"):
+        cm.essa_generation_time(6, prog2, MODEL, cm.ESSASettings(), CHIP)

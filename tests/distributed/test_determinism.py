@@ -6,7 +6,9 @@ log-probability score, layouts with the same per-device batch (1x8 and 2x4: one 
 must agree bit for bit; against 1 device (all 8 members in one batch) the fitness may differ in the
 last bits (XLA's CPU matmul blocking depends on the batch), but never the ranking, so the CMA-ES
 mean must still be bit-identical. With a score of the greedy tokens alone, the fitness must be
-identical on all three layouts.
+identical on all three layouts. Both scores rank the members at every generation, so CMA-ES moves;
+the test asserts that first (mean, sigma and covariance away from their start by stated amounts),
+then compares the whole search state (mean, sigma, paths, covariance, eigenbasis) across layouts.
 """
 
 import sys
@@ -15,11 +17,20 @@ from pathlib import Path
 import numpy as np
 import pytest
 from procs import run_checked, worker_env
+from search_moved import assert_essa_moved
 
 ROOT = Path(__file__).resolve().parents[2]
 LAUNCHER = ROOT / "experiments" / "launch_local.py"
 WORKER = Path(__file__).resolve().parent / "essa_worker.py"
 GENERATIONS = "3"
+# Least movement of CMA-ES from its start over the 3 generations, both scores, every layout
+# (observed: mean 2.7 / 2.9 (log-prob / tokens), |log sigma| 0.13, covariance 0.09).
+MOVED = {"mean": 1.0, "log_sigma": 0.05, "covariance": 0.03}
+SEARCH = ("mean", "sigma", "p_sigma", "p_c", "C", "B", "D")
+
+
+def _state(npz, prefix=""):
+    return {k[len(prefix) :]: npz[k] for k in npz.files if k.startswith(prefix)}
 
 
 @pytest.mark.multiprocess
@@ -57,21 +68,27 @@ def test_essa_same_result_on_1_device_1x8_and_2x4(tmp_path):
     assert all(int(r["devices"]) == 8 and int(r["processes"]) == 2 for r in ranks)
     fit = one["fitness"]
     assert fit.shape == (3, 8) and np.ptp(fit, axis=1).min() > 1e-3  # members really differ
-
-    for r in ranks:
-        # Both processes hold the same fitness and genome, equal to one process's bit for bit.
-        np.testing.assert_array_equal(r["fitness"], eight["fitness"])
-        np.testing.assert_array_equal(r["mean"], eight["mean"])
-        np.testing.assert_array_equal(r["sigma"], eight["sigma"])
-    np.testing.assert_allclose(eight["fitness"], fit, rtol=0, atol=1e-5)
-    np.testing.assert_array_equal(np.argsort(-eight["fitness"], axis=1), np.argsort(-fit, axis=1))
-    np.testing.assert_array_equal(eight["mean"], one["mean"])
-    assert np.abs(one["mean"]).max() > 0  # the strategy moved
-
-    # The exact score (greedy tokens only): identical fitness on 1 device, 8 and 2 x 4.
     tok = one["token_fitness"]
     assert np.ptp(tok, axis=1).min() > 0  # members really differ
+    # First: the search moved from its start (mean 0, sigma_0, C = I, zero paths), with both
+    # scores, on every layout; equal states that never moved would prove nothing.
+    for r in (one, eight, *ranks):
+        assert_essa_moved(_state(r, "start_"), _state(r), **MOVED, what="log-prob score:")
+        assert_essa_moved(_state(r, "token_start_"), _state(r, "token_"), **MOVED, what="tokens:")
+
+    for r in ranks:
+        # Both processes hold the same fitness and search state, equal to one process's bit for bit.
+        np.testing.assert_array_equal(r["fitness"], eight["fitness"])
+        for k in SEARCH:
+            np.testing.assert_array_equal(r[k], eight[k], err_msg=k)
+    np.testing.assert_allclose(eight["fitness"], fit, rtol=0, atol=1e-5)
+    np.testing.assert_array_equal(np.argsort(-eight["fitness"], axis=1), np.argsort(-fit, axis=1))
+    for k in SEARCH:  # same ranking, same update
+        np.testing.assert_array_equal(eight[k], one[k], err_msg=k)
+
+    # The exact score (greedy tokens only): identical fitness and search state on 1 device, 8 and
+    # 2 x 4.
     for other in (eight, *ranks):
         np.testing.assert_array_equal(other["token_fitness"], tok)
-        np.testing.assert_array_equal(other["token_mean"], one["token_mean"])
-    assert np.abs(one["token_mean"]).max() > 0
+        for k in SEARCH:
+            np.testing.assert_array_equal(other["token_" + k], one["token_" + k], err_msg=k)

@@ -2,7 +2,8 @@
 
 A run SIGKILLed mid-run (possibly while orbax writes a checkpoint) and restarted with the same
 command resumes from the last complete checkpoint and ends in exactly the state of an uninterrupted
-run: no generation lost or repeated.
+run: no generation lost or repeated. The run's fitness is dense (tiny_essa_config.py), so the
+CMA-ES state moves every generation; the test asserts that first, then that the resume is exact.
 """
 
 import json
@@ -17,13 +18,16 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
+from search_moved import TINY_ESSA_PER_GENERATION as PER_GENERATION
+from search_moved import assert_essa_moved
 
 from essa_jax.checkpointing import complete_steps
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = Path(__file__).resolve().parent / "tiny_essa_config.py"
 GENERATIONS = 5
-OVERRIDES = [f"--config.essa.generations={GENERATIONS}", "--config.sft.steps=1"]
+# Every checkpoint kept: the test measures the search's movement generation by generation.
+OVERRIDES = [f"--config.essa.generations={GENERATIONS}", "--config.checkpoint.keep=10"]
 
 
 def _env(tmp_path):
@@ -70,10 +74,15 @@ def _finish(p, timeout, log_path):
     assert p.returncode == 0, Path(log_path).read_text()[-4000:]
 
 
+def _state(workdir, step):
+    path = os.path.join(workdir, "checkpoints", str(step), "state")
+    return ocp.StandardCheckpointer().restore(path)
+
+
 def _final_state(workdir):
     d = os.path.join(workdir, "checkpoints")
     last = complete_steps(d)[-1]
-    state = ocp.StandardCheckpointer().restore(os.path.join(d, str(last), "state"))
+    state = _state(workdir, last)
     with open(os.path.join(d, str(last), "meta", "metadata")) as f:
         meta = json.load(f)
     return last, state, meta
@@ -85,6 +94,11 @@ def test_sigkill_mid_run_then_resume_equals_uninterrupted(tmp_path):
     ref, cut = tmp_path / "ref", tmp_path / "cut"
     with open(tmp_path / "ref.log", "wb") as log:
         _finish(_start(ref, tmp_path, log), 600, tmp_path / "ref.log")
+    # First: the uninterrupted run's search moved at every generation (else "equal" is vacuous).
+    assert complete_steps(str(ref / "checkpoints")) == list(range(GENERATIONS + 1))
+    ref_states = [_state(ref, s) for s in range(GENERATIONS + 1)]
+    for g in range(GENERATIONS):
+        assert_essa_moved(ref_states[g], ref_states[g + 1], **PER_GENERATION, what=f"gen {g + 1}:")
 
     # Kill as soon as generation 2's checkpoint is complete: the loop is then running
     # generation 3 or already writing its checkpoint.
@@ -109,6 +123,8 @@ def test_sigkill_mid_run_then_resume_equals_uninterrupted(tmp_path):
     step_ref, state_ref, meta_ref = _final_state(ref)
     step_cut, state_cut, meta_cut = _final_state(cut)
     assert step_ref == step_cut == GENERATIONS
+    # The generations redone after the kill moved the state too.
+    assert_essa_moved(_state(cut, max(done)), state_cut, **PER_GENERATION, what="resumed:")
     assert int(state_cut["step"]) == GENERATIONS
     flat_ref = jax.tree_util.tree_flatten_with_path(state_ref)[0]
     flat_cut = dict(jax.tree_util.tree_flatten_with_path(state_cut)[0])

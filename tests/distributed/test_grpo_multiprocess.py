@@ -46,8 +46,11 @@ def test_grpo_two_processes_equal_one_and_split_the_rollouts(tmp_path):
     two = [np.load(tmp_path / "two" / f"p{i}.npz") for i in range(2)]
     assert int(one["devices"]) == 8 and int(one["processes"]) == 1
     assert all(int(r["devices"]) == 8 and int(r["processes"]) == 2 for r in two)
-    assert float(one["moved"]) > 1e-3  # the LoRA moved
-    assert 0 < float(one["reward_mean"]) < 1  # rewards differ: a real gradient
+    # First: the step moved the LoRA (L2 over all factors; observed 0.46), far beyond the
+    # 2e-6 tolerance of the comparison below, on both layouts; rewards differ: a real gradient.
+    for r in (one, *two):
+        assert float(r["moved"]) > 0.1, float(r["moved"])
+    assert 0 < float(one["reward_mean"]) < 1
     # One process rewards every rollout; two processes half each, and nobody repeats a rollout.
     assert int(one["rewarded"]) == ROLLOUTS and int(one["local_rollouts"]) == ROLLOUTS
     for r in two:

@@ -8,6 +8,8 @@ those of a single process, bit for bit. Only process 0 writes the result files.
 
 The 2-process run is done in two launches: 2 generations, then (newest checkpoint truncated) a
 relaunch with 3 that falls back to checkpoint 1 on both processes and redoes generations 2 and 3.
+The fitness is dense (tiny_essa_config.py): before comparing, the test asserts that the CMA-ES
+state moved at every generation of the 1-process run and over the 2-process run's redone ones.
 """
 
 import json
@@ -21,6 +23,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
+from search_moved import TINY_ESSA_PER_GENERATION, assert_essa_moved
 
 from essa_jax.checkpointing import complete_steps
 
@@ -53,7 +56,7 @@ def _main_cmd(workdir, generations=GENERATIONS):
         f"--workdir={workdir}",
         f"--config.essa.generations={generations}",
         "--config.checkpoint.every=1",
-        "--config.checkpoint.keep=3",
+        "--config.checkpoint.keep=4",  # all steps: movement is checked per generation
     ]
 
 
@@ -98,9 +101,12 @@ def _wait(p, log_path):
 
 
 def _final(workdir):
-    d = os.path.join(workdir, "checkpoints")
-    last = complete_steps(d)[-1]
-    path = os.path.join(d, str(last), "state")
+    last = complete_steps(os.path.join(workdir, "checkpoints"))[-1]
+    return last, _load(workdir, last)
+
+
+def _load(workdir, step):
+    path = os.path.join(workdir, "checkpoints", str(step), "state")
     ckptr = ocp.StandardCheckpointer()
     # Saved replicated over 2 processes' devices: restore onto this process's first device.
     one_device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
@@ -108,7 +114,7 @@ def _final(workdir):
     target = jax.tree.map(
         lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=one_device), meta
     )
-    return last, ckptr.restore(path, target)
+    return ckptr.restore(path, target)
 
 
 def _train_rows(workdir):
@@ -138,6 +144,17 @@ def test_two_processes_equal_one(tmp_path):
     assert any(n.startswith("2.corrupt-") for n in os.listdir(d))
     _wait(ref, tmp_path / "one.log")
 
+    # First: the search moved, at every generation of the reference and over the generations
+    # the 2-process relaunch redid from checkpoint 1 (else the equalities below are vacuous).
+    states_one = [_load(one, s) for s in range(GENERATIONS + 1)]
+    for g in range(GENERATIONS):
+        assert_essa_moved(
+            states_one[g], states_one[g + 1], **TINY_ESSA_PER_GENERATION, what=f"gen {g + 1}:"
+        )
+    assert_essa_moved(
+        _load(two, 1), _load(two, GENERATIONS), **TINY_ESSA_PER_GENERATION, what="2 processes:"
+    )
+
     rows_one, rows_two = _train_rows(one), _train_rows(two)
     # One row per generation: process 1 appended nothing to the shared metrics file.
     assert [r["step"] for r in rows_two] == list(range(1, GENERATIONS + 1))
@@ -162,7 +179,6 @@ def test_two_processes_equal_one(tmp_path):
             )
         else:
             np.testing.assert_array_equal(a, b, err_msg=jax.tree_util.keystr(path))
-    assert np.linalg.norm(np.asarray(state_one["es"]["mean"])) > 0
 
     s_one = json.loads((one / "summary.json").read_text())
     s_two = json.loads((two / "summary.json").read_text())

@@ -34,5 +34,8 @@ def rosenbrock(x):
 
 
 def unjitted(strategy, method: str):
-    """`strategy.method` without its jax.jit (jax keeps the Python function as __wrapped__)."""
-    return functools.partial(getattr(type(strategy), method).__wrapped__, strategy)
+    """`strategy.method` without its jax.jit (jax keeps the Python function as __wrapped__); a
+    method that is not jitted itself (CMAES.tell, which picks a compiled program on the host) is
+    returned as it is."""
+    fn = getattr(type(strategy), method)
+    return functools.partial(getattr(fn, "__wrapped__", fn), strategy)

@@ -150,7 +150,17 @@ def test_heldout_pass_at_k_with_fake_sampler():
         "pass_samples",
         "pass_problems",
         "pass_tokens",
+        "pass_at_1_ci",
+        "pass_at_2_ci",
+        "pass_at_4_ci",
+        "pass_ci_level",
+        "pass_ci_resamples",
+        "pass_correct",
     ]
+    assert res["pass_correct"] == counts
+    for k in (1, 2, 4):  # each interval holds its estimate
+        lo, hi = res[f"pass_at_{k}_ci"]
+        assert 0.0 <= lo <= res[f"pass_at_{k}"] <= hi <= 1.0
     for k in (1, 2, 4):
         expected = np.mean([brute_pass_at_k(n, c, k) for c in counts])
         assert res[f"pass_at_{k}"] == pytest.approx(expected)

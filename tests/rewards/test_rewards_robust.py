@@ -1,4 +1,5 @@
-"""Rewards never crash a run: failures and time-outs score 0.0 and are counted."""
+"""Rewards never crash a run on an odd completion: failures and time-outs score 0.0 and are
+counted; a reward failing on most completions is reported as the bug it is."""
 
 import threading
 import time
@@ -7,6 +8,7 @@ import pytest
 
 from essa_jax.rewards import (
     VERIFY_STATS,
+    RewardFunctionError,
     RewardTimeoutError,
     answers_match,
     call_with_timeout,
@@ -131,3 +133,20 @@ def test_combine_rewards_rejects_bad_parts():
         combine_rewards([math_reward])
     with pytest.raises(ValueError, match="at least one"):
         combine_rewards([])
+
+
+def test_a_reward_that_fails_on_most_completions_is_an_error():
+    """An odd completion scores 0; a reward failing on more than half is a bug and stops the run."""
+
+    def typo(prompts, completions, answer_text, **_):  # the task has `answer`, not `answer_text`
+        return [1.0] * len(completions)
+
+    g = guard_reward(typo, timeout_s=2.0)
+    assert g(["p"] * 8, ["1"] * 8, answer=["1"] * 8) == [0.0] * 8  # under min_scored: counted
+    with pytest.raises(RewardFunctionError, match=r"reward 'typo' failed on 16 of 16 .*TypeError"):
+        g(["p"] * 8, ["1"] * 8, answer=["1"] * 8)
+    # One completion in four failing is noise, not a broken reward: no error however long it runs.
+    ok = guard_reward(fragile_reward, timeout_s=2.0)
+    for _ in range(8):
+        ok(["p"] * 4, ["1", "boom", "2", "3"], answer=["1", "1", "2", "4"])
+    assert ok.stats.calls == 32 and ok.stats.failures == 8
