@@ -68,6 +68,7 @@ CELLS: dict[str, tuple[str, object, dict[str, object]]] = {
     ),
     "openai_es": ("strategy", "openai_es", {"essa.strategy": "openai_es", "essa.mirrored": False}),
 }
+RUN_INFO = "run_info.json"  # wall-clock of the whole run and the code version
 PROMPTS_PER_CANDIDATE = 16  # the default's; no cell changes it, so rollouts / generation = P x 16
 
 
@@ -106,8 +107,19 @@ def run_cell(py: str, out: str, cell: str, seed: int, rollouts: int) -> None:
         rc = subprocess.call(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
     if rc:
         raise SystemExit(f"{cell} seed {seed} failed (exit {rc}); see {wd}/log.txt")
-    with open(os.path.join(wd, "run_wall_seconds.json"), "w") as f:
-        json.dump({"run_wall_seconds": time.time() - t0}, f)
+    with open(os.path.join(wd, RUN_INFO), "w") as f:
+        json.dump({"run_wall_seconds": time.time() - t0, "code": code_version()}, f)
+
+
+def code_version() -> str:
+    """The commit the run's code came from, "+dirty" when the tree had uncommitted changes: every
+    run of one table must come from one version (run the grid from a clean worktree)."""
+
+    def git(*a: str) -> str:
+        return subprocess.run(["git", *a], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+
+    dirty = git("status", "--porcelain", "--untracked-files=no", "--", "essa_jax", "experiments")
+    return git("rev-parse", "--short", "HEAD") + ("+dirty" if dirty else "")
 
 
 def collect(out: str, rollouts: int) -> list[dict]:
@@ -122,12 +134,8 @@ def collect(out: str, rollouts: int) -> list[dict]:
                 continue
             with open(path) as f:
                 s = json.load(f)
-            wall_path = os.path.join(cell_dir, name, "run_wall_seconds.json")
-            wall = (
-                json.load(open(wall_path))["run_wall_seconds"]
-                if os.path.exists(wall_path)
-                else None
-            )
+            info_path = os.path.join(cell_dir, name, RUN_INFO)
+            info = json.load(open(info_path)) if os.path.exists(info_path) else {}
             pop = int(overrides.get("essa.population_size", 16))
             rows.append(
                 {
@@ -146,7 +154,8 @@ def collect(out: str, rollouts: int) -> list[dict]:
                     "broken": s.get("paired_broken"),
                     "mcnemar_p": s.get("mcnemar_p"),
                     "loop_wall_seconds": s["train_wall_seconds"],
-                    "run_wall_seconds": wall,
+                    "run_wall_seconds": info.get("run_wall_seconds"),
+                    "code": info.get("code"),
                 }
             )
     return rows
@@ -237,6 +246,7 @@ def report(out: str, rollouts: int, results: str, quiet: bool) -> None:
         "rollouts_per_run": rollouts,
         "budget_note": "population x prompts per candidate x generations; wall-clock recorded",
         "default": DEFAULT,
+        "code_versions": sorted({str(r["code"]) for r in rows}),
         "runs": rows,
         "table": table,
     }
