@@ -196,6 +196,31 @@ def factor_table(rows: list[dict]) -> list[dict]:
     return table
 
 
+def markdown_table(table: list[dict]) -> str:
+    """The README's ablation table: the default run once, then one line per changed setting."""
+    lines = [
+        "| factor | value | seeds | mean held-out acc | mean gain vs SFT | per seed: acc (fixed / "
+        "broken, McNemar p) |",
+        "|---|---|---|---|---|---|",
+    ]
+    shown_default = False
+    for t in table:
+        if t["default"]:
+            if shown_default:
+                continue
+            shown_default = True
+        per_seed = "; ".join(
+            f"{a:.3f} ({f} / {b}, p = {p:.2g})"
+            for a, (f, b), p in zip(t["accs"], t["fixed_broken"], t["mcnemar_p"], strict=True)
+        )
+        factor, value = ("(all)", "**the default**") if t["default"] else (t["factor"], t["value"])
+        lines.append(
+            f"| {factor} | {value} | {t['seeds']} | {t['mean_acc']:.3f} | "
+            f"{t['mean_gain']:+.3f} | {per_seed} |"
+        )
+    return "\n".join(lines)
+
+
 def plot(rows: list[dict], table: list[dict], path: str) -> None:
     import matplotlib
 
@@ -270,6 +295,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--python", default=os.environ.get("PY", sys.executable))
     p.add_argument("--quiet_machine", action="store_true", help="record that nothing else ran")
     p.add_argument("--report_only", action="store_true")
+    p.add_argument("--markdown", action="store_true", help="print the README table (report only)")
     args = p.parse_args(argv)
     os.chdir(ROOT)
     cells = args.cells.split()
@@ -286,6 +312,8 @@ def main(argv: list[str] | None = None) -> int:
                 run_cell(args.python, args.out, cell, seed, args.rollouts)
                 report(args.out, args.rollouts, args.results, args.quiet_machine)
     report(args.out, args.rollouts, args.results, args.quiet_machine)
+    if args.markdown:
+        print(markdown_table(factor_table(collect(args.out, args.rollouts))))
     return 0
 
 
