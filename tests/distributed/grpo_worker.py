@@ -24,7 +24,7 @@ import jax.numpy as jnp  # noqa: E402
 
 from essa_jax.lora import LoraConfig, init_lora, lora_policy  # noqa: E402
 from essa_jax.mesh import make_mesh  # noqa: E402
-from essa_jax.models import ModelConfig, init_params  # noqa: E402
+from essa_jax.models import init_params  # noqa: E402
 from essa_jax.rl import FrozenPolicy, GRPOConfig, GRPOTrainer  # noqa: E402
 from essa_jax.rl.trainer import place_base  # noqa: E402
 from essa_jax.train.rollouts import PromptSet  # noqa: E402
@@ -32,20 +32,9 @@ from essa_jax.train.sft import train_sft  # noqa: E402
 
 jax.config.update("jax_default_matmul_precision", "highest")
 
-CONFIG = ModelConfig(
-    vocab_size=16,
-    hidden_size=32,
-    intermediate_size=64,
-    num_layers=2,
-    num_heads=4,
-    num_kv_heads=2,
-    head_dim=8,
-    tie_embeddings=True,
-    max_position_embeddings=64,
-    bos_token_id=1,
-    eos_token_ids=(2,),
-    pad_token_id=0,
-)
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from toy_model import TOY_CONFIG as CONFIG  # noqa: E402
+
 PROMPTS, GROUP = 4, 4  # 16 rollouts
 rewarded = []  # completions this process scored
 

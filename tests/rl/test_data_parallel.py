@@ -9,31 +9,18 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from toy_model import TOY_CONFIG as CONFIG
 
 from essa_jax.config import ConfigError, base_config
 from essa_jax.lora import LoraConfig, init_lora, lora_policy
 from essa_jax.mesh import make_mesh
-from essa_jax.models import ModelConfig, init_params
+from essa_jax.models import init_params
 from essa_jax.rl import FrozenPolicy, GRPOConfig, GRPOConfigError, GRPOTrainer
 from essa_jax.rl.trainer import place_base
 from essa_jax.train.pipeline import check_data_parallel
 from essa_jax.train.rollouts import PromptSet
 from essa_jax.train.sft import train_sft
 
-CONFIG = ModelConfig(
-    vocab_size=16,
-    hidden_size=32,
-    intermediate_size=64,
-    num_layers=2,
-    num_heads=4,
-    num_kv_heads=2,
-    head_dim=8,
-    tie_embeddings=True,
-    max_position_embeddings=64,
-    bos_token_id=1,
-    eos_token_ids=(2,),
-    pad_token_id=0,
-)
 GROUP = 4
 
 

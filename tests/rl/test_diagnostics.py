@@ -5,9 +5,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from toy_model import TOY_CONFIG as CONFIG
 
 from essa_jax.lora import LoraConfig, init_lora, lora_policy
-from essa_jax.models import ModelConfig, init_params, sequence_logprobs
+from essa_jax.models import init_params, sequence_logprobs
 from essa_jax.rl import (
     FrozenPolicy,
     GRPOConfig,
@@ -46,22 +47,6 @@ def test_outcome_fractions_graded_and_rescaled_rewards():
     assert (float(right), float(wrong)) == (0.25, 0.25)
     with pytest.raises(ValueError, match="must divide"):
         group_outcome_fractions(jnp.ones(6), 4)
-
-
-CONFIG = ModelConfig(
-    vocab_size=16,
-    hidden_size=32,
-    intermediate_size=64,
-    num_layers=2,
-    num_heads=4,
-    num_kv_heads=2,
-    head_dim=8,
-    tie_embeddings=True,
-    max_position_embeddings=64,
-    bos_token_id=1,
-    eos_token_ids=(2,),
-    pad_token_id=0,
-)
 
 
 def by_prompt(prompts, completions, answer, **_):

@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from search_moved import lora_movement
+from toy_model import TOY_CONFIG as CONFIG
 
 from essa_jax.lora import (
     LoraConfig,
@@ -20,7 +21,7 @@ from essa_jax.lora import (
     svd_factorize,
     svd_policy,
 )
-from essa_jax.models import ModelConfig, init_params, sequence_logprobs
+from essa_jax.models import init_params, sequence_logprobs
 from essa_jax.rl import (
     FrozenPolicy,
     GRPOConfig,
@@ -31,21 +32,6 @@ from essa_jax.rl import (
 )
 
 TARGET = 5  # the token the toy reward asks for
-
-CONFIG = ModelConfig(
-    vocab_size=16,
-    hidden_size=32,
-    intermediate_size=64,
-    num_layers=2,
-    num_heads=4,
-    num_kv_heads=2,
-    head_dim=8,
-    tie_embeddings=True,
-    max_position_embeddings=64,
-    bos_token_id=1,
-    eos_token_ids=(2,),
-    pad_token_id=0,
-)
 
 
 def decode(ids):
