@@ -1,10 +1,10 @@
 """ESSA on the embedded default: SmolLM2-135M-Instruct, 2-digit addition, assistant turn prefilled.
 
-`make run` runs this on a 2-core CPU in about 15 minutes: a short LoRA SFT (2 steps: 39.5%
-held-out, base model 16.5%), SVD of the adapter, then CMA-ES over the top singular value of every
-factor (ESSA, arXiv 2507.04453) for 600 s of wall-clock. Cost per generation = population x
-prompts x (prompt + new tokens): prompts are 32 tokens and answers 2-3 digits + EOS, so
-max_new_tokens is 4.
+`make run` runs this on a 2-core CPU in about 10 minutes (quiet; up to 15 under load): a short
+LoRA SFT (2 steps: 39.5% held-out, base model 17%), SVD of the adapter, then CMA-ES over the top
+singular value of every factor (ESSA, arXiv 2507.04453) for 600 s of wall-clock. Cost per
+generation = population x prompts x (prompt + new tokens): prompts are 32 tokens and answers 2-3
+digits + EOS, so max_new_tokens is 4.
 
 Why these settings (measured on this task, see README "Results"): the useful direction from a short
 SFT is spread over all layers and targets (scaling every B factor by 2 lifts held-out accuracy from
