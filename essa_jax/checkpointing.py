@@ -41,6 +41,12 @@ CHECKPOINT_DIR = "checkpoints"
 _STEP_DIR = re.compile(r"^\d+$")
 
 
+class WorkdirError(RuntimeError):
+    """A run's workdir cannot serve the request: --resume without a checkpoint, a fresh start
+    (--noresume_auto) over existing checkpoints, or no checkpoint that can be restored. A user's
+    situation, not a bug: the command line reports it in one line."""
+
+
 class CheckpointFallbackWarning(UserWarning):
     """A checkpoint step could not be restored; an older one is used instead."""
 

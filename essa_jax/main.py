@@ -83,18 +83,20 @@ def run_from_flags(holders: dict[str, Any]) -> int:
     if config is None or not workdir:
         print("error: --config and --workdir are required", file=sys.stderr)
         return 2
+    from essa_jax.checkpointing import WorkdirError
     from essa_jax.data.loading import MalformedRowError
     from essa_jax.models import CheckpointError, UnsupportedModelError
     from essa_jax.rewards import RewardFunctionError
 
-    # A user's input that cannot run (a field, a checkpoint, a data row, a reward function): one
-    # line, exit 2. The traceback only with --verbose_errors, for reporting a bug.
+    # A user's input that cannot run (a field, a checkpoint, a data row, a reward function, a
+    # workdir): one line, exit 2. The traceback only with --verbose_errors, for reporting a bug.
     user_errors = (
         ConfigError,
         CheckpointError,
         UnsupportedModelError,
         MalformedRowError,
         RewardFunctionError,
+        WorkdirError,
     )
     resume = True if holders["resume"].value else (None if holders["resume_auto"].value else False)
     try:

@@ -4,7 +4,7 @@ Each case runs `python -m essa_jax.main` as a subprocess, the way a user does, a
 whole of stderr: exactly one line, "error: ...", naming what is wrong and what would be valid, and
 no traceback. Cases: an unknown config field, a value of the wrong type, a config file that does
 not exist, a model file that is not GGUF or is truncated, an unsupported architecture, a malformed
-row of a task file, and a reward function that raises.
+row of a task file, a reward function that raises, and --resume on a workdir with no checkpoint.
 """
 
 import json
@@ -189,3 +189,8 @@ def test_reward_function_that_raises(tmp_path):
     assert_one_line(
         proc, "reward 'broken_reward' failed on 16 of 16", "KeyError", "--config.task.reward"
     )
+
+
+def test_resume_without_a_checkpoint(tmp_path):
+    proc = run_main(f"--config={DEFAULT}", f"--workdir={tmp_path}/run", "--resume", cwd=tmp_path)
+    assert_one_line(proc, "--resume: no complete checkpoint in", "drop --resume")

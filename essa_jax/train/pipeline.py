@@ -35,7 +35,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from essa_jax import lora as lora_lib
-from essa_jax.checkpointing import Checkpointer, restore_checkpointer_with_fallback
+from essa_jax.checkpointing import (
+    Checkpointer,
+    WorkdirError,
+    restore_checkpointer_with_fallback,
+)
 from essa_jax.config import RANDOM_PREFIX, search_seed, validate_config
 from essa_jax.evaluation import heldout_accuracy, heldout_pass_at_k
 from essa_jax.train import summary as summary_lib
@@ -288,11 +292,14 @@ def train_and_evaluate(config, workdir: str, *, resume: bool | None = None, verb
     ckpt = Checkpointer(workdir, keep=config.checkpoint.keep)
     latest = ckpt.latest_step()
     if resume is True and latest is None:
-        raise FileNotFoundError(f"--resume: no complete checkpoint in {workdir}/checkpoints")
+        raise WorkdirError(
+            f"--resume: no complete checkpoint in {workdir}/checkpoints; drop --resume to start "
+            "afresh"
+        )
     if resume is False and latest is not None:
-        raise FileExistsError(
-            f"{workdir} already holds checkpoints (latest step {latest}); resume or use a new "
-            "--workdir"
+        raise WorkdirError(
+            f"{workdir} already holds checkpoints (latest step {latest}); resume (the default) or "
+            "use a new --workdir"
         )
     if _is_main():
         with open(os.path.join(workdir, "config.json"), "w") as f:
@@ -321,7 +328,7 @@ def train_and_evaluate(config, workdir: str, *, resume: bool | None = None, verb
         # CheckpointFallbackWarning and the previous one resumed instead.
         restored = restore_checkpointer_with_fallback(ckpt, ckpt.directory, template)
         if restored is None:
-            raise RuntimeError(
+            raise WorkdirError(
                 f"no checkpoint in {ckpt.directory} can be restored (latest step {latest}); "
                 "move the directory away to start afresh"
             )

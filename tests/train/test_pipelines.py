@@ -11,6 +11,7 @@ import pytest
 from safetensors.numpy import load_file
 from search_moved import assert_essa_moved, lora_movement
 
+from essa_jax.checkpointing import WorkdirError
 from essa_jax.config import base_config
 from essa_jax.train import train_and_evaluate
 
@@ -104,7 +105,7 @@ def test_resume_is_exact(method, tmp_path):
     # would make the equality below vacuous.
     start, middle = final_state(split, 0), final_state(split, 2)
     assert_search_moved(method, start, middle, "steps 1-2:")
-    with pytest.raises(FileExistsError):
+    with pytest.raises(WorkdirError, match="already holds checkpoints"):
         train_and_evaluate(moving_config(method, 4), split, resume=False, verbose=False)
     resumed = train_and_evaluate(moving_config(method, 4), split, resume=True, verbose=False)
     assert_search_moved(method, middle, final_state(split, 4), "resumed steps 3-4:")
@@ -121,7 +122,7 @@ def test_resume_is_exact(method, tmp_path):
 
 
 def test_resume_requires_checkpoint(tmp_path):
-    with pytest.raises(FileNotFoundError, match="no complete checkpoint"):
+    with pytest.raises(WorkdirError, match="no complete checkpoint"):
         train_and_evaluate(tiny_config("essa"), str(tmp_path), resume=True, verbose=False)
 
 
