@@ -414,9 +414,10 @@ def check_mesh_model(mesh, num_devices: int, model_config: Any = None) -> None:
         raise ConfigError("mesh.model", model, f"{valid} ({about})")
 
 
-def _check_quantization(model, model_config: Any = None) -> None:
+def check_quantization(model, model_config: Any = None) -> None:
     """`model.quantize` and, for int4, `model.quant_group` (against the projections' input sizes
-    when the model's shape can be read without its weights)."""
+    when the model's shape is given or can be read without its weights). The pipeline calls it
+    again with the loaded model's shape, for checkpoints whose header validation could not read."""
     from essa_jax.models.quant import QUANT_MODES, check_group
 
     _check_choice("model.quantize", model.quantize, QUANT_MODES)
@@ -499,7 +500,7 @@ def validate_config(config, num_devices: int | None = None, *, model_config: Any
         raise ConfigError("sft.micro_batch_size", mbs, "integers >= 0 (rows per device; 0 = all)")
     if not isinstance(config.model.remat, bool):
         raise ConfigError("model.remat", config.model.remat, "True | False")
-    _check_quantization(config.model, model_config)
+    check_quantization(config.model, model_config)
     _check_positive("sft.learning_rate", config.sft.learning_rate)
 
     num_devices = _device_count() if num_devices is None else num_devices

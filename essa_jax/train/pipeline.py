@@ -108,15 +108,10 @@ def quantized_base(config, model_config: Any, params: Any) -> Any:
     mode, group = config.model.quantize, int(config.model.quant_group)
     if mode == "none":
         return params
-    if mode == "int4":
-        from essa_jax.config import ConfigError
-        from essa_jax.models.quant import check_group
+    from essa_jax.config import check_quantization
 
-        try:  # a shape validate_config could not read without the weights is checked here
-            check_group(model_config, group)
-        except ValueError as e:
-            valid = str(e).split("valid values are ")[1]
-            raise ConfigError("model.quant_group", group, valid) from None
+    # A shape validate_config could not read without the weights is checked here.
+    check_quantization(config.model, model_config)
     if config.model.path.startswith(RANDOM_PREFIX):
         return quantize_params(params, mode, group)
     return quantize_base(config.model.path, params, model_config, mode, group)
