@@ -32,6 +32,7 @@ def sequence_logprobs(
     return_entropy: bool = False,
     chunk_size: int | None = None,
     remat: bool = False,
+    last: int | None = None,
 ) -> jax.Array | tuple[jax.Array, jax.Array]:
     """log p(tokens[:, t+1] | tokens[:, :t+1]) for t < T-1: [B, T-1] float32 (and entropies).
 
@@ -43,8 +44,16 @@ def sequence_logprobs(
     lora) without materialising [B, T, V]. `remat` checkpoints each decoder layer
     (`hidden_states`): the backward pass keeps one [B, T, d] input per layer instead of the
     layer's activations.
+
+    `last` = K scores only the final K targets (tokens[:, T-K:]): [B, K], equal to the last K
+    columns of the full result. The lm_head, its log-softmax and the entropy (a [V]-wide pass
+    each, about a third of a SmolLM2 token's forward and backward cost) then run only there:
+    a policy-gradient loss reads only the completion's log-probs, not the prompt's.
     """
     B, T = tokens.shape
+    n = T - 1 if last is None else last
+    if not 1 <= n <= T - 1:
+        raise ValueError(f"last={last} must be in [1, T-1 = {T - 1}]")
     h = hidden_states(
         params,
         config,
@@ -53,9 +62,8 @@ def sequence_logprobs(
         positions=positions,
         lora=lora,
         remat=remat,
-    )[:, :-1]
-    targets = tokens[:, 1:]
-    n = T - 1
+    )[:, T - 1 - n : T - 1]
+    targets = tokens[:, T - n :]
     if chunk_size is None:
         chunk_size = max(1, min(n, _CHUNK_ELEMENTS // max(1, B * config.vocab_size)))
     num_chunks = -(-n // chunk_size)
@@ -80,7 +88,7 @@ def sequence_logprobs(
     lp, ent = jax.lax.map(chunk, (h, targets))
     # A target counts only if it and the token before it are real (the first real token of a
     # left-padded row has no prefix to be predicted from).
-    valid = (attention_mask[:, 1:] * attention_mask[:, :-1]).astype(jnp.float32)
+    valid = (attention_mask[:, T - n :] * attention_mask[:, T - 1 - n : T - 1]).astype(jnp.float32)
     lp = lp.swapaxes(0, 1).reshape(B, -1)[:, :n] * valid
     if not return_entropy:
         return lp

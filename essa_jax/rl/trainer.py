@@ -172,11 +172,6 @@ def group_outcome_fractions(
     )
 
 
-def _split_completion(lp: jax.Array, num_new: int) -> jax.Array:
-    """Entries of sequence_logprobs [B, Tp+N-1] that score the N completion tokens."""
-    return lp[:, lp.shape[1] - num_new :]
-
-
 # ----------------------------------------------------------------------------- data parallelism
 
 
@@ -305,7 +300,7 @@ class GRPOTrainer:
         )
         self.mesh = mesh
         self.data = axis_size(mesh, DATA_AXIS)
-        score_static = ("with_policy", "with_ref")
+        score_static = ("with_policy", "with_ref", "last")
         # No buffer donation: a caller may keep the old state (e.g. to retry or compare a step).
         if mesh is None:
             self.rollout = jax.jit(self._rollout)
@@ -385,9 +380,11 @@ class GRPOTrainer:
         attention_mask: jax.Array,
         with_policy: bool = True,
         with_ref: bool = False,
+        last: int | None = None,
     ) -> tuple[jax.Array | None, jax.Array | None]:
-        """(policy, reference) log-probs [B, T-1] of `tokens`; the reference is the base model
-        with the adapter disabled (lora=None)."""
+        """(policy, reference) log-probs [B, T-1] of `tokens` ([B, last] of its final `last`
+        targets: the completion); the reference is the base model with the adapter disabled
+        (lora=None)."""
         out = []
         for on, lora in ((with_policy, self.to_lora(trainable, policy.adapter)), (with_ref, None)):
             if not on:
@@ -402,6 +399,7 @@ class GRPOTrainer:
                     lora=lora,
                     temperature=self.cfg.temperature,
                     remat=self.cfg.remat,
+                    last=last,
                 )
             )
         return out[0], out[1]
@@ -421,8 +419,8 @@ class GRPOTrainer:
             temperature=cfg.temperature,
             return_entropy=True,
             remat=cfg.remat,
+            last=num_new,  # the head and its softmax run on the completion positions only
         )
-        lp, ent = _split_completion(lp, num_new), _split_completion(ent, num_new)
         old = jax.lax.stop_gradient(lp) if batch.old_logp is None else batch.old_logp
         return policy_loss(
             lp,
@@ -565,11 +563,14 @@ class GRPOTrainer:
         attention_mask: jax.Array,
         with_policy: bool = True,
         with_ref: bool = False,
+        last: int | None = None,
     ) -> tuple[jax.Array | None, jax.Array | None]:
         """`_score` of data-sharded rows [B_pad, T], each device scoring its own block."""
 
         def body(policy, trainable, tokens, attention_mask):
-            return self._score(policy, trainable, tokens, attention_mask, with_policy, with_ref)
+            return self._score(
+                policy, trainable, tokens, attention_mask, with_policy, with_ref, last
+            )
 
         rows = P(DATA_AXIS)
         return self._shard(body, (P(), P(), rows, rows), (rows, rows))(
@@ -717,11 +718,14 @@ class GRPOTrainer:
         old = ref = None
         if need_old or need_ref:
             old, ref = self.score(
-                policy, trainable, tokens, attn, with_policy=need_old, with_ref=need_ref
+                policy,
+                trainable,
+                tokens,
+                attn,
+                with_policy=need_old,
+                with_ref=need_ref,
+                last=gen.tokens.shape[1],
             )
-            num_new = gen.tokens.shape[1]
-            old = None if old is None else _split_completion(old, num_new)
-            ref = None if ref is None else _split_completion(ref, num_new)
         if cfg.use_generation_logprobs:
             old = gen.logprobs
         return RolloutBatch(

@@ -4,6 +4,7 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from essa_jax.models import forward, generate_jit, pad_left, sequence_logprobs
 
@@ -103,3 +104,31 @@ def test_sequence_logprobs_chunked_matches_full_softmax(tiny_model):
     np.testing.assert_array_equal(np.asarray(lp)[2, :5], 0.0)
     for g, r in zip(jax.tree.leaves(grad), jax.tree.leaves(ref_grad), strict=True):
         np.testing.assert_allclose(np.asarray(g), np.asarray(r), atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("last", [1, 4, 7])
+def test_sequence_logprobs_last_scores_only_the_final_targets(tiny_model, last):
+    """`last` = K (what GRPO uses for the completion) gives the final K columns of the full
+    result, entropies and gradients included; an impossible K is refused."""
+    config, params = tiny_model
+    lora = _adapters(params, jax.random.key(4))
+    tokens, mask = (jnp.asarray(x) for x in _batch())
+
+    def run(lora, last):
+        return sequence_logprobs(
+            params, config, tokens, mask, lora=lora, return_entropy=True, chunk_size=3, last=last
+        )
+
+    lp, ent = run(lora, last)
+    full_lp, full_ent = run(lora, None)
+    assert lp.shape == (3, last)
+    np.testing.assert_allclose(np.asarray(lp), np.asarray(full_lp[:, -last:]), atol=1e-6)
+    np.testing.assert_allclose(np.asarray(ent), np.asarray(full_ent[:, -last:]), atol=1e-6)
+    weights = jax.random.normal(jax.random.key(5), (3, last))
+    grad = jax.grad(lambda l: jnp.sum(weights * run(l, last)[0]))(lora)
+    full_grad = jax.grad(lambda l: jnp.sum(weights * run(l, None)[0][:, -last:]))(lora)
+    assert max(float(jnp.max(jnp.abs(g))) for g in jax.tree.leaves(grad)) > 1e-4
+    for g, r in zip(jax.tree.leaves(grad), jax.tree.leaves(full_grad), strict=True):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(r), atol=1e-5, rtol=1e-4)
+    with pytest.raises(ValueError, match="last=8"):
+        run(lora, 8)
