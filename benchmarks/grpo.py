@@ -61,6 +61,34 @@ def reward_fn(prompts, completions, answer, **_):
     return out
 
 
+def compute_bound(config, prompt_len: int, new_tokens: int, gflops: float) -> dict[str, float]:
+    """The step's matmul FLOPs and the seconds they take at `gflops` (dense f32 matmul rate
+    measured in this run, one thread per side): a lower bound on either side's step time.
+
+    Rollout: the prompt pass over all rows x prompt_len slots (lm_head on the last position only)
+    and new_tokens - 1 decode steps over all rows (every row decodes until the last finishes).
+    Update (no remat): forward + the backward's input gradients, 2 x 2 x layer weights per token
+    (the LoRA factors' own products are ~1% and left out), and the lm_head on the completion only,
+    run three times (forward, the chunk's recomputation, its backward).
+    Attention's products are ~2% at these lengths and left out, so the bound is a lower one.
+    """
+    c = config
+    dq, dkv = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+    d, inter = c.hidden_size, c.intermediate_size
+    layer = c.num_layers * (d * (dq + 2 * dkv) + dq * d + 3 * d * inter)
+    head = c.hidden_size * c.vocab_size
+    rows = NUM_PROMPTS * GROUP
+    rollout = 2 * rows * (prompt_len * layer + head) + 2 * rows * (new_tokens - 1) * (layer + head)
+    update = 2 * 2 * rows * (prompt_len + new_tokens) * layer + 3 * 2 * rows * new_tokens * head
+    return {
+        "matmul_gflops": gflops,
+        "rollout_gflop": rollout / 1e9,
+        "update_gflop": update / 1e9,
+        "rollout_bound_s": rollout / 1e9 / gflops,
+        "update_bound_s": update / 1e9 / gflops,
+    }
+
+
 def bench_ours(texts: list[str], answers: list[str]) -> dict[str, float]:
     import jax
 
@@ -113,6 +141,8 @@ def bench_ours(texts: list[str], answers: list[str]) -> dict[str, float]:
         "ours_update_s": med("update_s"),
         "ours_completion_len": med("completion_len_mean"),
         "ours_reward_mean": float(np.mean([s["reward_mean"] for s in steps])),
+        "prompt_len": int(prompt_tokens.shape[1]),
+        "_config": config,
     }
 
 
@@ -248,9 +278,13 @@ def main() -> None:
     from essa_jax.models import load_tokenizer
 
     texts, answers = _prompts(load_tokenizer("smollm2-135m-instruct"))
+    from benchmarks.model import matmul_gflops
+
     ours = bench_ours(texts, answers)
+    config = ours.pop("_config")
     print("ours:", ours, flush=True)
     trl = bench_trl(texts, answers)
+    bound = compute_bound(config, ours["prompt_len"], NEW_TOKENS, matmul_gflops(2048))
     res = {
         "settings": {
             "model": "SmolLM2-135M-Instruct (GGUF Q4_1 dequantised to f32)",
@@ -270,6 +304,15 @@ def main() -> None:
         "speedup_step": trl["trl_step_s"] / ours["ours_step_s"],
         "speedup_rollout": trl["trl_rollout_s"] / ours["ours_rollout_s"],
         "speedup_update": trl["trl_update_s"] / ours["ours_update_s"],
+        **bound,
+        # Fraction of the matmul rate each side's phases reach, and the largest step speedup over
+        # TRL that any implementation could show here: TRL's step over the bound's.
+        "ours_rollout_of_bound": bound["rollout_bound_s"] / ours["ours_generate_s"],
+        "ours_update_of_bound": bound["update_bound_s"] / ours["ours_update_s"],
+        "trl_rollout_of_bound": bound["rollout_bound_s"] / trl["trl_generate_s"],
+        "trl_update_of_bound": bound["update_bound_s"] / trl["trl_update_s"],
+        "max_speedup_step": trl["trl_step_s"]
+        / (bound["rollout_bound_s"] + bound["update_bound_s"]),
         "peak_rss_mb": peak_rss_mb(),
     }
     rows = [
@@ -286,6 +329,13 @@ def main() -> None:
     ]
     print_table(rows, f"GRPO step, SmolLM2-135M, LoRA r{RANK}, {NUM_PROMPTS}x{GROUP} rollouts")
     print(f"speedup (trl / ours): step {res['speedup_step']:.2f}x")
+    print(
+        f"compute bound at {bound['matmul_gflops']:.0f} GFLOP/s (f32 matmul, one thread): rollout "
+        f"{bound['rollout_bound_s']:.2f} s, update {bound['update_bound_s']:.2f} s; ours reaches "
+        f"{res['ours_rollout_of_bound']:.0%} / {res['ours_update_of_bound']:.0%} of it, TRL "
+        f"{res['trl_rollout_of_bound']:.0%} / {res['trl_update_of_bound']:.0%}; no implementation "
+        f"can beat TRL's step by more than {res['max_speedup_step']:.2f}x here"
+    )
     write_results("grpo_step", res)
 
 
