@@ -37,7 +37,8 @@ LR = 1e-6
 STEPS = 3  # per side; the first is dropped (compile / warm-up)
 # Threads per side (env GRPO_BENCH_THREADS, default 1). On a shared 2-core machine torch's OpenMP
 # threads spin against other processes (HF generate here: 112 s with 2 threads vs 22 s with 1), so
-# both sides run single-threaded by default for a comparison that survives contention.
+# by default the process is pinned to one core (both sides) for a comparison that survives
+# contention.
 THREADS = int(os.environ.get("GRPO_BENCH_THREADS", "1"))
 PROBLEMS = [(23, 45), (7, 8), (61, 19), (34, 52)]
 
@@ -63,7 +64,7 @@ def reward_fn(prompts, completions, answer, **_):
 
 def compute_bound(config, prompt_len: int, new_tokens: int, gflops: float) -> dict[str, float]:
     """The step's matmul FLOPs and the seconds they take at `gflops` (dense f32 matmul rate
-    measured in this run, one thread per side): a lower bound on either side's step time.
+    measured in this run, on the cores the sides run on): a lower bound on either side's step.
 
     Rollout: the prompt pass over all rows x prompt_len slots (lm_head on the last position only)
     and new_tokens - 1 decode steps over all rows (every row decodes until the last finishes).
@@ -267,11 +268,13 @@ def bench_trl(texts: list[str], answers: list[str]) -> dict[str, float]:
 
 def main() -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    if THREADS == 1:  # before jax is imported
-        os.environ["XLA_FLAGS"] = (
-            os.environ.get("XLA_FLAGS", "")
-            + " --xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
-        )
+    if THREADS == 1:
+        # One core for the whole process, both sides. XLA's CPU matmuls (YNNPACK) ignore
+        # --xla_cpu_multi_thread_eigen / intra_op_parallelism_threads and use every core they see
+        # (measured: 2 cores of CPU time per second of wall with those flags): until this
+        # benchmark pinned the process, ours ran its matmuls on 2 cores against TRL's 1, and the
+        # grpo_step.json files before 2026-12-03 19:40 UTC overstate our speedup.
+        os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
     import torch
 
     torch.set_num_threads(THREADS)
@@ -330,7 +333,8 @@ def main() -> None:
     print_table(rows, f"GRPO step, SmolLM2-135M, LoRA r{RANK}, {NUM_PROMPTS}x{GROUP} rollouts")
     print(f"speedup (trl / ours): step {res['speedup_step']:.2f}x")
     print(
-        f"compute bound at {bound['matmul_gflops']:.0f} GFLOP/s (f32 matmul, one thread): rollout "
+        f"compute bound at {bound['matmul_gflops']:.0f} GFLOP/s (f32 matmul, {THREADS} core(s)): "
+        f"rollout "
         f"{bound['rollout_bound_s']:.2f} s, update {bound['update_bound_s']:.2f} s; ours reaches "
         f"{res['ours_rollout_of_bound']:.0%} / {res['ours_update_of_bound']:.0%} of it, TRL "
         f"{res['trl_rollout_of_bound']:.0%} / {res['trl_update_of_bound']:.0%}; no implementation "
