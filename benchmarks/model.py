@@ -8,6 +8,8 @@ lengths match), timed the same way: decode = generate(N) - generate(1); its pref
 with use_cache=True and logits_to_keep=1 (what its generate runs). Each time is the min over
 `rounds` rounds run in ABBA order (ours then HF, then HF then ours, ...), so a slow spell of this
 shared machine hits both sides alike; compile time is ours' first call minus its steady state.
+Decode bound: decode FLOPs per token (`decode_flops_per_token`) at the matmul rate measured next to
+the batch, the fastest any implementation could decode here; max_decode_speedup = bound / HF.
 MFU = model FLOPs/s of our prefill / measured f32 matmul FLOP/s, the best of measurements taken at
 the start and before every batch (each is in the JSON). Environment knobs: BENCH_MODEL_BATCHES
 (e.g. "1,16"), BENCH_MODEL_NEW_TOKENS, BENCH_MODEL_ROUNDS (default 3).
@@ -67,6 +69,15 @@ def prefill_flops(c: ModelConfig, batch: int, length: int) -> float:
     attention = 2 * 2 * c.num_layers * batch * dq * length * length / 2
     head = 2 * c.hidden_size * c.vocab_size * batch
     return per_token * batch * length + attention + head
+
+
+def decode_flops_per_token(c: ModelConfig, slots: float) -> float:
+    """Matmul FLOPs of one decoded token: every weight once (lm_head included) plus attention's
+    two products over `slots` cache slots (QK^T and PV, 2 * 2 * slots * Hq*hd per layer)."""
+    dq, dkv = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+    d, inter = c.hidden_size, c.intermediate_size
+    weights = c.num_layers * (d * (dq + 2 * dkv) + dq * d + 3 * d * inter) + d * c.vocab_size
+    return 2 * weights + 4 * c.num_layers * dq * slots
 
 
 def prefill_mfu(c: ModelConfig, batch: int, prefill_s: float, gflops: float) -> float:
@@ -239,6 +250,14 @@ def main() -> None:
             results[f"hf_{k}_b{B}"] = v
         results[f"hf_new_tokens_b{B}"] = hf_new_tokens[B]
         results[f"prefill_mfu_b{B}"] = mfu
+        # Decode's compute bound: its matmul FLOPs at the measured f32 matmul rate (the cache
+        # holds PROMPT_LEN + new_tokens - 1 slots, all of them attended at every step). The
+        # fastest decode any implementation could show here, and so the largest ratio over HF.
+        slots = PROMPT_LEN + new_tokens - 1
+        bound = gflops_here * 1e9 / decode_flops_per_token(config, slots)
+        results[f"decode_bound_tok_s_b{B}"] = bound
+        results[f"ours_decode_of_bound_b{B}"] = ours["decode_tok_s"] / bound
+        results[f"max_decode_speedup_b{B}"] = bound / ref["decode_tok_s"]
         rows.append(
             {
                 "batch": B,
@@ -247,6 +266,7 @@ def main() -> None:
                 "ours_decode_tok_s": ours["decode_tok_s"],
                 "hf_decode_tok_s": ref["decode_tok_s"],
                 "decode_speedup": ours["decode_tok_s"] / ref["decode_tok_s"],
+                "max_decode_speedup": results[f"max_decode_speedup_b{B}"],
                 "prefill_mfu": mfu,
                 "ours_compile_s": ours["compile_s"],
             }

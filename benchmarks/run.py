@@ -14,6 +14,7 @@ import sys
 
 SECTIONS = (
     "model",
+    "decode_profile",
     "population",
     "population_memory",
     "strategies",
