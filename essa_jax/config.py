@@ -21,7 +21,7 @@ from typing import Any
 import ml_collections
 
 METHODS = ("essa", "grpo", "fgrpo", "svdgrpo", "sft")
-DTYPES = ("float32", "bfloat16")
+DTYPES = ("auto", "float32", "bfloat16")
 PROMPT_SAMPLINGS = ("shared", "per_candidate")
 # Placeholder for configs that need a user's local checkpoint or dataset: fails validation.
 UNSET = "<set me>"
@@ -62,7 +62,10 @@ def base_config() -> ml_collections.ConfigDict:
     c.model.path = "smollm2-135m-instruct"
     # Tokenizer path; "" = the model's.
     c.model.tokenizer = ""
-    c.model.dtype = "float32"
+    # Weights and activations: "auto" = bfloat16 on GPU / TPU (their matmul units' type; every
+    # projection still accumulates in float32, `models.transformer._proj`) and float32 on CPU
+    # (where bfloat16 matmuls are converted back to float32 and run slower); or either by name.
+    c.model.dtype = "auto"
     # Checkpoint each decoder layer in the SFT and GRPO training passes (jax.checkpoint): the same
     # gradients, activation memory of one layer plus each layer's input, ~1 more forward of compute.
     c.model.remat = False

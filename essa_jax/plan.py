@@ -310,9 +310,10 @@ def _programs(config, mc, target: Target) -> list[_Program]:
     from essa_jax.mesh import place_params
     from essa_jax.models import init_params
     from essa_jax.models.generate import generate_jit
-    from essa_jax.train.pipeline import DTYPES
+    from essa_jax.train.pipeline import model_dtype
 
-    dtype = DTYPES[config.model.dtype]
+    # A plan is for accelerators: virtual CPU devices stand in for GPUs ("auto" = bfloat16).
+    dtype = model_dtype(config.model.dtype, "gpu" if target.compiler == "cpu" else target.compiler)
     mesh = _dp_mesh(config, target)
     # Where the run keeps what every program shares: on one device without a mesh; replicated
     # over the mesh with the base weights split over its model axis (`mesh.place_params`).

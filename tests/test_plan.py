@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -49,7 +50,8 @@ def test_essa_plan_reports_every_program_with_real_bytes():
     plans = plan_lib.plan_config(tiny_config("essa"), target, name="tiny")
     assert [p.program for p in plans] == ["sft_step", "essa_population", "heldout_eval"]
     by = {p.program: p for p in plans}
-    weights = param_bytes(tiny_model_config("tiny"))
+    # model.dtype "auto": a plan is for accelerators, so the base is bfloat16.
+    weights = param_bytes(tiny_model_config("tiny"), jnp.bfloat16)
     for p in plans:
         assert p.fits and p.devices == 4 and p.device_memory_bytes == 1_000_000_000
         assert (
@@ -64,6 +66,23 @@ def test_essa_plan_reports_every_program_with_real_bytes():
     # The held-out program's arguments: weights + LoRA (float32) + tokens, nothing else large.
     ev = by["heldout_eval"]
     assert ev.argument_bytes < weights * 1.5
+
+
+def test_model_dtype_auto_is_bfloat16_on_accelerators_and_float32_on_cpu():
+    from essa_jax.train.pipeline import model_dtype
+
+    assert model_dtype("auto", "gpu") == jnp.bfloat16 and model_dtype("auto", "tpu") == jnp.bfloat16
+    assert model_dtype("auto", "cpu") == jnp.float32
+    assert model_dtype("float32", "gpu") == jnp.float32
+    assert model_dtype("auto") == jnp.float32  # this machine's default backend is the CPU
+    # The plan compiles the bfloat16 base for "auto" and the float32 one when asked.
+    target = plan_lib.make_target(None, 2, 1.0)
+    c = tiny_config("essa")
+    auto = {p.program: p for p in plan_lib.plan_config(c, target)}["heldout_eval"]
+    c.model.dtype = "float32"
+    f32 = {p.program: p for p in plan_lib.plan_config(c, target)}["heldout_eval"]
+    weights = param_bytes(tiny_model_config("tiny"))
+    assert f32.argument_bytes - auto.argument_bytes >= 0.45 * weights
 
 
 def test_grpo_plan_has_rollout_and_update():

@@ -49,6 +49,16 @@ from essa_jax.train.sft import train_sft
 from essa_jax.train.tasks import encode_split
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+ACCELERATORS = ("gpu", "tpu", "cuda", "rocm")
+
+
+def model_dtype(name: str, platform: str | None = None) -> Any:
+    """The jnp dtype of `config.model.dtype` = `name` on `platform` (default: JAX's default
+    backend): "auto" is bfloat16 on a GPU / TPU and float32 on a CPU (config.py says why)."""
+    if name == "auto":
+        platform = platform or jax.default_backend()
+        return jnp.bfloat16 if platform in ACCELERATORS else jnp.float32
+    return DTYPES[name]
 
 
 @dataclasses.dataclass
@@ -87,7 +97,7 @@ def load_model(config) -> tuple[Any, Any, Any]:
     """(ModelConfig, params, tokenizer) of `config.model`."""
     from essa_jax.models import load_pretrained, load_tokenizer
 
-    dtype = DTYPES[config.model.dtype]
+    dtype = model_dtype(config.model.dtype)
     path = config.model.path
     if path.startswith(RANDOM_PREFIX):
         from essa_jax.models.tiny import CharTokenizer, tiny_model
