@@ -163,10 +163,9 @@ def _counts_child(spec: dict) -> None:
     mc, _ = plan.plan_model_config(cfg)
     out: dict = {}
     with decode_layers("scan"):
-        for prog in plan._programs(cfg, mc, target):
-            if prog.name not in spec["programs"] or prog.lower is None:
+        for prog, compiled, _ in plan.compiled_programs(cfg, mc, target, spec["programs"]):
+            if compiled is None:
                 continue
-            compiled = prog.lower().compile(compiler_options=plan._compiler_options(target))
             cost = compiled.cost_analysis()
             cost = (cost[0] if isinstance(cost, list | tuple) else cost) or {}
             mem = compiled.memory_analysis()

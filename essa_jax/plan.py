@@ -39,7 +39,7 @@ import os
 import re
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -654,7 +654,7 @@ def plan_config(
         return _compile_all(config, mc, target, name, headroom, programs, log)
 
 
-def _compiler_options(target: Target) -> dict[str, str]:
+def compiler_options(target: Target) -> dict[str, str]:
     """XLA options for compiling for `target`.
 
     XLA's CPU compiler has no bfloat16 matmul: it converts the operands to float32 (its
@@ -670,17 +670,31 @@ def _compiler_options(target: Target) -> dict[str, str]:
     return {}
 
 
-def _compile_all(config, mc, target, name, headroom, programs, log) -> list[ProgramPlan]:
-    out = []
+def compiled_programs(
+    config, mc, target: Target, programs: Sequence[str] | None = None
+) -> Iterator[tuple[_Program, Any, float]]:
+    """(program, compiled or None, compile seconds) of each of the run's programs for `target`,
+    compiled with `compiler_options(target)`; None where the program was refused before compiling
+    (`fix` says why). `programs` restricts to those names. Call it within
+    `decode_layers("scan")`, as `plan_config` does: programs are traced as accelerators run them.
+    """
     for prog in _programs(config, mc, target):
         if programs is not None and prog.name not in programs:
             continue
-        if prog.lower is None:  # refused before compiling (e.g. not one row fits): `fix` says why
+        if prog.lower is None:
+            yield prog, None, 0.0
+            continue
+        t0 = time.perf_counter()
+        compiled = prog.lower().compile(compiler_options=compiler_options(target))
+        yield prog, compiled, time.perf_counter() - t0
+
+
+def _compile_all(config, mc, target, name, headroom, programs, log) -> list[ProgramPlan]:
+    out = []
+    for prog, compiled, dt in compiled_programs(config, mc, target, programs):
+        if compiled is None:
             plan = _row(prog, name, target, headroom)
         else:
-            t0 = time.perf_counter()
-            compiled = prog.lower().compile(compiler_options=_compiler_options(target))
-            dt = time.perf_counter() - t0
             cost = compiled.cost_analysis()
             cost = cost[0] if isinstance(cost, list | tuple) else cost
             plan = _row(
