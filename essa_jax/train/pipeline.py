@@ -342,6 +342,11 @@ def train_and_evaluate(config, workdir: str, *, resume: bool | None = None, verb
         run.log(f"resuming from {workdir}/checkpoints/{latest}")
         run.logger.restore(meta["history"], purge_step=latest + 1)
 
+    if run.infer_params is not run.params:
+        # A quantised run reads the float weights only in SFT: from here on they would be a
+        # second, larger copy of the base that nothing reads (docs/ARCHITECTURE.md, "Quantised
+        # inference").
+        run.params = None
     if loop is not None:
         state, meta = _run_loop(run, loop, state, meta, ckpt)
         final_lora = loop.policy_lora(state)

@@ -45,10 +45,20 @@ def test_quantized_run(method, mode, tmp_path, monkeypatch):
         return run
 
     monkeypatch.setattr(pipeline, "build_run", spy)
+    sft = pipeline.train_sft
+
+    def sft_spy(lora, params, *a, **kw):
+        seen["sft_kernel"] = params["layers"]["q"]["kernel"]
+        return sft(lora, params, *a, **kw)
+
+    monkeypatch.setattr(pipeline, "train_sft", sft_spy)
     s = pipeline.train_and_evaluate(tiny_config(method, mode), str(tmp_path), verbose=False)
     assert s["steps"] == 1 and 0.0 <= s["final_heldout_acc"] <= 1.0
     run = seen["run"]
     kernel = run.infer_params["layers"]["q"]["kernel"]
     assert isinstance(kernel, QuantizedKernel)
     assert kernel.qarray.qvalue.dtype.name == mode
-    assert isinstance(run.params["layers"]["q"]["kernel"], jax.Array)  # SFT's float weights
+    # SFT trained on the float weights, which the run dropped after it (only the quantised base
+    # stays resident).
+    assert isinstance(seen["sft_kernel"], jax.Array)
+    assert run.params is None
