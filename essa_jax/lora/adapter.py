@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 
 from essa_jax.lora.config import LoraConfig, target_shape
+from essa_jax.models.quant import QuantizedKernel
 
 
 @flax.struct.dataclass
@@ -121,6 +122,12 @@ def merge_lora(params: dict, lora: dict[str, LoRA]) -> dict:
     for t, ad in lora.items():
         proj = dict(layers[t])
         kernel = proj["kernel"]
+        if isinstance(kernel, QuantizedKernel):
+            # Its integers and scales have no float values to add the delta to.
+            raise ValueError(
+                f"merge_lora: the {t!r} kernel is quantised ({type(kernel).__name__}); merge into "
+                "the float weights (model.quantize = 'none') or keep the adapter separate"
+            )
         proj["kernel"] = (kernel + ad.delta_kernel().astype(kernel.dtype)).astype(kernel.dtype)
         layers[t] = proj
     return {**params, "layers": layers}

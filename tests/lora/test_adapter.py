@@ -81,6 +81,15 @@ def test_merge_rejects_wrong_shapes():
         merge_lora(params, lora)
 
 
+def test_merge_refuses_a_quantised_kernel():
+    from essa_jax.models import quantize_params
+
+    config, params = tiny_model("llama")
+    lora = random_lora(3, config, LoraConfig(rank=2, targets=("v",)))
+    with pytest.raises(ValueError, match="the 'v' kernel is quantised"):
+        merge_lora(quantize_params(params, "int8"), lora)
+
+
 def test_delta_under_jit_and_bf16():
     config, params = tiny_model("llama")
     lora = random_lora(4, config, LoraConfig(rank=2, targets=("q",)))
