@@ -25,9 +25,10 @@ def worker_env(tmp_path, devices=None):
     return env
 
 
-def run_checked(cmd, env, timeout=420):
-    """Run `cmd` from the repository root; fail the test (with the output's tail) on a non-zero
-    exit, or after `timeout` seconds, killing its whole process group."""
+def run_bounded(cmd, env, timeout=420):
+    """Run `cmd` from the repository root in its own session; return (exit code, stdout + stderr).
+    After `timeout` seconds its whole process group is killed and the test fails with the
+    output's tail."""
     p = subprocess.Popen(
         cmd,
         cwd=ROOT,
@@ -43,4 +44,10 @@ def run_checked(cmd, env, timeout=420):
         os.killpg(p.pid, 9)
         out, _ = p.communicate()
         pytest.fail(f"timed out after {timeout}s: {cmd}\n{out[-3000:]}")
-    assert p.returncode == 0, out[-4000:]
+    return p.returncode, out
+
+
+def run_checked(cmd, env, timeout=420):
+    """`run_bounded`, failing the test (with the output's tail) on a non-zero exit."""
+    rc, out = run_bounded(cmd, env, timeout)
+    assert rc == 0, out[-4000:]

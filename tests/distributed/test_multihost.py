@@ -9,6 +9,7 @@ from pathlib import Path
 
 import jax
 import pytest
+from procs import run_bounded
 
 from essa_jax import distributed as D
 
@@ -26,23 +27,8 @@ def _clean_env(**extra):
 
 
 def _run(cmd, timeout, env=None):
-    """subprocess.run in its own session, the whole group killed on timeout."""
-    p = subprocess.Popen(
-        cmd,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        env=env or _clean_env(),
-        cwd=ROOT,
-        start_new_session=True,
-        text=True,
-    )
-    try:
-        out, _ = p.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(p.pid, 9)
-        out, _ = p.communicate()
-        pytest.fail(f"{cmd} did not finish within {timeout}s:\n{out[-3000:]}")
-    return p.returncode, out
+    """(exit code, output) of `cmd`, its whole process group killed on timeout (`procs`)."""
+    return run_bounded(cmd, env or _clean_env(), timeout)
 
 
 def _free_port():
