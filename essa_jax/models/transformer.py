@@ -4,7 +4,8 @@ Pre-norm blocks (RMSNorm, Zhang & Sennrich 2019), rotary position embeddings (Ro
 with HF's rotate-half layout), grouped-query attention (Ainslie et al. 2023) and a SwiGLU MLP
 (Shazeer 2020). Layers are stacked on a leading axis and run with `lax.scan`, so compile time does
 not grow with depth (`per_layer_params` gives an unrolled alternative for CPU decoding).
-Attention is computed in float32 whatever the parameter dtype.
+Attention is computed in float32 whatever the parameter dtype, except a pass without a cache on a
+GPU with 16-bit activations, which runs cuDNN's flash attention (`_attention`'s `fusable`).
 
 Params layout (kernels are `[in, out]`):
     {"embed": [V, d], "layers": {"attn_norm": [L, d], "q": {"kernel": [L, d, Hq*hd], "bias"?},
@@ -32,8 +33,10 @@ is the same with or without a mesh.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
+import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -56,6 +59,79 @@ _NEG = -1e30  # finite "minus infinity": fully masked rows (padding queries) sta
 ATTENTION_QUERY_CHUNK = 512
 
 Params = dict[str, Any]
+
+# How a pass without a cache (a prompt into a fresh cache, a training forward) attends: None = by
+# backend (cuDNN flash attention through `jax.nn.dot_product_attention` on GPU with 16-bit
+# activations, the float32 einsum of `_attention` elsewhere), or forced: "einsum", "xla" (jax's
+# reference implementation of the same call: how CPU tests check the fused path's masks) or
+# "cudnn". See `self_attention`; the environment variable ESSA_JAX_SELF_ATTENTION sets it for a
+# whole process (e.g. =einsum, should a GPU's cuDNN fail where it claimed support).
+SELF_ATTENTION_MODES = ("einsum", "xla", "cudnn")
+_SELF_ATTENTION: str | None = os.environ.get("ESSA_JAX_SELF_ATTENTION") or None
+if _SELF_ATTENTION is not None and _SELF_ATTENTION not in SELF_ATTENTION_MODES:
+    raise ValueError(
+        f"ESSA_JAX_SELF_ATTENTION={_SELF_ATTENTION!r}: valid values are {SELF_ATTENTION_MODES}"
+    )
+
+
+@contextlib.contextmanager
+def self_attention(mode: str):
+    """Within this block, programs traced attend without a cache by `mode` (SELF_ATTENTION_MODES)
+    whatever the backend. JAX's trace caches are cleared on entry and exit, so a program traced
+    under one mode is never reused under another."""
+    global _SELF_ATTENTION
+    if mode not in SELF_ATTENTION_MODES:
+        raise ValueError(f"self_attention mode {mode!r}: valid modes are {SELF_ATTENTION_MODES}")
+    previous, _SELF_ATTENTION = _SELF_ATTENTION, mode
+    jax.clear_caches()
+    try:
+        yield
+    finally:
+        _SELF_ATTENTION = previous
+        jax.clear_caches()
+
+
+def _fused_implementation(dtype: Any) -> str | None:
+    """The `jax.nn.dot_product_attention` implementation for a pass without a cache, or None for
+    the einsum path (see `_SELF_ATTENTION`)."""
+    if _SELF_ATTENTION is not None:
+        return None if _SELF_ATTENTION == "einsum" else _SELF_ATTENTION
+    gpu = jax.default_backend() == "gpu"
+    return "cudnn" if gpu and dtype in (jnp.bfloat16, jnp.float16) else None
+
+
+def _fused_self_attention(
+    q: jax.Array,
+    q_slots: jax.Array,
+    block: tuple[jax.Array, jax.Array, jax.Array, jax.Array],
+    sliding_window: int | None,
+    implementation: str,
+) -> jax.Array | None:
+    """`_attention` of one key block through `jax.nn.dot_product_attention` (cuDNN's flash
+    attention on GPU: no [T, S] scores in memory, the causal half skipped), [B, T, Hq*hd] float32;
+    None when that implementation refuses the shapes or dtypes (the caller then takes the einsum
+    path). The mask is `_attention_block`'s, plus each query's own slot: a left-padding query
+    sees no key at all, and an empty softmax row is NaN in flash kernels, which the PV product
+    would spread (0 * NaN) to real rows; its output is never read.
+    """
+    k, v, k_slots, key_mask = block
+    B, T, Hq, hd = q.shape
+    ok = k_slots[None, :] <= q_slots[:, None]  # [T, S]
+    if sliding_window is not None:
+        ok &= q_slots[:, None] - k_slots[None, :] < sliding_window
+    mask = ok[None, None] & key_mask[:, None, None, :]  # [B, 1, T, S]
+    mask |= (k_slots[None, :] == q_slots[:, None])[None, None]
+    # [B, S, Hkv, hd], the layout of the call (the cache's is head-major).
+    kt, vt = (jnp.swapaxes(x, 1, 2).astype(q.dtype) for x in (k, v))
+    call = functools.partial(jax.nn.dot_product_attention, mask=mask, implementation=implementation)
+    if implementation != "cudnn":
+        out = call(q, kt, vt)
+    else:
+        try:  # cuDNN supports a subset of shapes, dtypes and head sizes; it says so by raising
+            out = call(q, kt, vt)
+        except (NotImplementedError, ValueError, RuntimeError, TypeError):
+            return None
+    return out.reshape(B, T, Hq * hd).astype(jnp.float32)
 
 
 @flax.struct.dataclass
@@ -216,6 +292,7 @@ def _attention(
     blocks: Sequence[tuple[jax.Array, jax.Array, jax.Array, jax.Array]],
     sliding_window: int | None,
     q_chunk: int | None = None,
+    fusable: bool = False,
 ) -> jax.Array:
     """Causal masked GQA over one or more key blocks, softmax taken jointly over all of them.
 
@@ -235,8 +312,17 @@ def _attention(
     [B, Hq, T, S] (Qwen2.5-7B, T = 4096: 1.9 GB per row and layer, twice that in the backward
     pass). Each query's softmax is over all its keys either way (rows of a softmax are
     independent), so the chunked result is the same function; decode (T = 1) never chunks.
+
+    fusable (a pass without a cache: the block is the tokens themselves): on GPU with 16-bit
+    activations, `_fused_self_attention` (cuDNN flash attention) computes the same function in
+    the activations' dtype, with float32 accumulation, instead (`self_attention` forces a mode).
     """
     B, T, Hq, hd = q.shape
+    impl = _fused_implementation(q.dtype) if fusable and len(blocks) == 1 and T > 1 else None
+    if impl is not None:
+        out = _fused_self_attention(q, q_slots, blocks[0], sliding_window, impl)
+        if out is not None:
+            return out
     Hkv = blocks[0][0].shape[1]
     qf = q.astype(jnp.float32).reshape(B, T, Hkv, Hq // Hkv, hd) * (1.0 / math.sqrt(hd))
     qf = jnp.transpose(qf, (0, 2, 3, 1, 4))  # [B, Hkv, g, T, hd]
@@ -443,7 +529,9 @@ def _decoder(
         if kv_cast is not None:
             # Attend to the new tokens as they are stored (the cache dtype may be narrower).
             k, v = k.astype(kv_cast), v.astype(kv_cast)
-        attn = _attention(q, q_slots, kv_blocks(k, v), c.sliding_window).astype(dtype)
+        attn = _attention(
+            q, q_slots, kv_blocks(k, v), c.sliding_window, fusable=kv_blocks is self_only
+        ).astype(dtype)
         h = h + _proj(attn, p["o"], ad.get("o"))
         x = rms_norm(h, p["mlp_norm"], c.rms_norm_eps)
         gate, up = _proj_shared_input(x, p, ad, "gate_up")
