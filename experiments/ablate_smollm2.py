@@ -229,19 +229,28 @@ def plot(rows: list[dict], table: list[dict], path: str) -> None:
 
     factors = list(DEFAULT)
     fig, axes = plt.subplots(1, len(factors), figsize=(3.0 * len(factors), 3.4), sharey=True)
-    sft = {r["sft_heldout_acc"] for r in rows if r["factor"] != "rank"}
+
+    def starts(t: dict) -> set[float]:
+        """The SFT start(s) of a table entry's runs (the rank cells train their own)."""
+        key = (t["factor"], str(t["value"]))
+        cell = [r for r in rows if (r["factor"], str(r["value"])) == key]
+        cell = cell or [r for r in rows if r["cell"] == "default"]
+        return {r["sft_heldout_acc"] for r in cell}
+
     for ax, factor in zip(axes, factors, strict=True):
         entries = [t for t in table if t["factor"] == factor]
         for i, t in enumerate(entries):
             ax.scatter([i] * len(t["accs"]), t["accs"], color="C0" if t["default"] else "C1", s=18)
             ax.hlines(t["mean_acc"], i - 0.25, i + 0.25, color="k", lw=1)
-        for s in sft:
-            ax.axhline(s, color="gray", ls="--", lw=0.8)
+            for s in starts(t):  # each value's own start, under its points
+                ax.hlines(s, i - 0.4, i + 0.4, color="gray", ls="--", lw=0.9)
         ax.set_xticks(range(len(entries)), [str(t["value"]) for t in entries], rotation=30)
         ax.set_xlim(-0.6, len(entries) - 0.4)
         ax.set_title(factor)
     axes[0].set_ylabel("held-out accuracy (200, greedy)")
-    fig.suptitle("ESSA ablations on SmolLM2-135M add_2d (dashed: SFT start; blue: default)")
+    fig.suptitle(
+        "ESSA ablations on SmolLM2-135M add_2d (dashed: each value's SFT start; blue: default)"
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
