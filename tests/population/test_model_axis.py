@@ -172,6 +172,7 @@ def test_plan_compiles_the_population_split_over_the_model_axis():
 
     c = _tiny(**{"mesh.model": 2, "essa.population_size": 4, "essa.prompts_per_candidate": 2})
     c.task.max_prompt_tokens, c.generation.max_new_tokens, c.lora.rank = 8, 3, 2
+    c.model.dtype = "float32"  # the plan's "auto" is bfloat16 (accelerators); bytes counted in f32
     target = plan_lib.make_target(None, 4, 1.0)
     (pop,) = plan_lib.plan_config(c, target, programs=["essa_population"])
     assert pop.fits and pop.mesh == {"pop": 2, "data": 1, "model": 2}
