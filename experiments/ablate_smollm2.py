@@ -35,7 +35,11 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG = "experiments/configs/essa_smollm2_arith.py"
 
-# The default's values, as the README names them; every factor's row includes the default run.
+# The grid's base: the default config as it was when the grid ran (2026-12-03, commit aea7ffe).
+# The table moved the default's sigma_0 from 1 to 2; every run keeps the base's 1 unless its cell
+# changes it, so the grid reproduces (and the "default" cell is that base).
+BASE_OVERRIDES: dict[str, object] = {"essa.sigma_init": 1.0}
+# The base's values, as the README names them; every factor's row includes the base run.
 DEFAULT = {
     "sampling": "mirrored",
     "sigma_0": 1.0,
@@ -91,6 +95,7 @@ def run_cell(py: str, out: str, cell: str, seed: int, rollouts: int) -> None:
         return
     os.makedirs(wd, exist_ok=True)
     overrides = {
+        **BASE_OVERRIDES,
         **CELLS[cell][2],
         "search_seed": seed,
         "essa.generations": generations(cell, rollouts),
