@@ -218,7 +218,8 @@ def markdown_table(table: list[dict]) -> str:
             f"{a:.3f} ({f} / {b}, p = {p:.2g})"
             for a, (f, b), p in zip(t["accs"], t["fixed_broken"], t["mcnemar_p"], strict=True)
         )
-        factor, value = ("(all)", "**the default**") if t["default"] else (t["factor"], t["value"])
+        base = ("(all)", "**the base** (sigma_0 1)")
+        factor, value = base if t["default"] else (t["factor"], t["value"])
         lines.append(
             f"| {factor} | {value} | {t['seeds']} | {t['mean_acc']:.3f} | "
             f"{t['mean_gain']:+.3f} | {per_seed} |"

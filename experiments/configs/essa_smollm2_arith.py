@@ -1,6 +1,6 @@
 """ESSA on the embedded default: SmolLM2-135M-Instruct, 2-digit addition, assistant turn prefilled.
 
-`make run` runs this on a 2-core CPU in about 10 minutes (quiet; up to 15 under load): a short
+`make run` runs this on a 2-core CPU in 10-13 minutes (quiet; up to 15 under load): a short
 LoRA SFT (2 steps: 39.5% held-out, base model 17%), SVD of the adapter, then CMA-ES over the top
 singular value of every factor (ESSA, arXiv 2507.04453) for 600 s of wall-clock. Cost per
 generation = population x prompts x (prompt + new tokens): prompts are 32 tokens and answers 2-3
