@@ -29,6 +29,7 @@ from essa_jax.models.transformer import (
     per_layer_lora,
     per_layer_params,
     prefill,
+    retraced,
 )
 
 # How the decode loop runs the layers: None = by the default backend (unrolled over per-layer
@@ -36,26 +37,23 @@ from essa_jax.models.transformer import (
 _DECODE_LAYERS: str | None = None
 
 
-@contextlib.contextmanager
-def decode_layers(mode: str):
+def _set_decode_layers(mode: str | None) -> None:
+    global _DECODE_LAYERS
+    _DECODE_LAYERS = mode
+
+
+def decode_layers(mode: str) -> contextlib.AbstractContextManager:
     """Within this block, programs traced decode with the layer scan ("scan", the accelerator
     path) or unrolled ("unrolled", the CPU path), whatever the default backend.
 
     For compiling ahead of time for another platform (`essa_jax.plan` compiles the GPU / TPU
     programs on a CPU machine, where the default would pick the CPU path and its second copy of the
-    weights). JAX's trace caches are cleared on entry and exit: a program traced under one mode is
-    never reused under the other.
+    weights). JAX's trace caches are cleared on entry and exit (`transformer.retraced`): a program
+    traced under one mode is never reused under the other.
     """
-    global _DECODE_LAYERS
     if mode not in ("scan", "unrolled"):
         raise ValueError(f"decode_layers mode {mode!r}: valid modes are 'scan' and 'unrolled'")
-    previous, _DECODE_LAYERS = _DECODE_LAYERS, mode
-    jax.clear_caches()
-    try:
-        yield
-    finally:
-        _DECODE_LAYERS = previous
-        jax.clear_caches()
+    return retraced(lambda: _DECODE_LAYERS, _set_decode_layers, mode)
 
 
 def _decode_unrolled() -> bool:

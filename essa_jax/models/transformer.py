@@ -37,7 +37,7 @@ import contextlib
 import functools
 import math
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import flax.struct
@@ -75,20 +75,31 @@ if _SELF_ATTENTION is not None and _SELF_ATTENTION not in SELF_ATTENTION_MODES:
 
 
 @contextlib.contextmanager
-def self_attention(mode: str):
-    """Within this block, programs traced attend without a cache by `mode` (SELF_ATTENTION_MODES)
-    whatever the backend. JAX's trace caches are cleared on entry and exit, so a program traced
-    under one mode is never reused under another."""
-    global _SELF_ATTENTION
-    if mode not in SELF_ATTENTION_MODES:
-        raise ValueError(f"self_attention mode {mode!r}: valid modes are {SELF_ATTENTION_MODES}")
-    previous, _SELF_ATTENTION = _SELF_ATTENTION, mode
+def retraced(get: Callable[[], Any], set_: Callable[[Any], None], value: Any):
+    """A trace-time mode switch: `set_(value)` for the block, the previous `get()` restored after.
+    JAX's trace caches are cleared on entry and exit, so a program traced under one mode is never
+    reused under another (`self_attention`, `generate.decode_layers`)."""
+    previous = get()
+    set_(value)
     jax.clear_caches()
     try:
         yield
     finally:
-        _SELF_ATTENTION = previous
+        set_(previous)
         jax.clear_caches()
+
+
+def _set_self_attention(mode: str | None) -> None:
+    global _SELF_ATTENTION
+    _SELF_ATTENTION = mode
+
+
+def self_attention(mode: str) -> contextlib.AbstractContextManager:
+    """Within this block, programs traced attend without a cache by `mode` (SELF_ATTENTION_MODES)
+    whatever the backend (`retraced`)."""
+    if mode not in SELF_ATTENTION_MODES:
+        raise ValueError(f"self_attention mode {mode!r}: valid modes are {SELF_ATTENTION_MODES}")
+    return retraced(lambda: _SELF_ATTENTION, _set_self_attention, mode)
 
 
 def _fused_implementation(dtype: Any) -> str | None:
@@ -116,9 +127,7 @@ def _fused_self_attention(
     """
     k, v, k_slots, key_mask = block
     B, T, Hq, hd = q.shape
-    ok = k_slots[None, :] <= q_slots[:, None]  # [T, S]
-    if sliding_window is not None:
-        ok &= q_slots[:, None] - k_slots[None, :] < sliding_window
+    ok = _visible(q_slots, k_slots, sliding_window)
     mask = ok[None, None] & key_mask[:, None, None, :]  # [B, 1, T, S]
     mask |= (k_slots[None, :] == q_slots[:, None])[None, None]
     # [B, S, Hkv, hd], the layout of the call (the cache's is head-major).
@@ -348,6 +357,14 @@ def _attention(
     return jnp.transpose(out, (0, 3, 1, 2, 4)).reshape(B, T, Hq * hd)
 
 
+def _visible(q_slots: jax.Array, k_slots: jax.Array, sliding_window: int | None) -> jax.Array:
+    """[T, S] bool: query slot t may see key slot s (causal: s <= t; and t - s < window)."""
+    ok = k_slots[None, :] <= q_slots[:, None]
+    if sliding_window is not None:
+        ok &= q_slots[:, None] - k_slots[None, :] < sliding_window
+    return ok
+
+
 def _attention_block(
     qf: jax.Array,
     q_slots: jax.Array,
@@ -358,9 +375,7 @@ def _attention_block(
     scores, allowed = [], []
     for k, _, k_slots, key_mask in blocks:
         scores.append(jnp.einsum("bkgtd,bksd->bkgts", qf, k.astype(jnp.float32)))
-        ok = k_slots[None, :] <= q_slots[:, None]  # [T, S_i]
-        if sliding_window is not None:
-            ok &= q_slots[:, None] - k_slots[None, :] < sliding_window
+        ok = _visible(q_slots, k_slots, sliding_window)  # [T, S_i]
         allowed.append(ok[None, None, None] & key_mask[:, None, None, None, :])  # [B, 1, 1, T, S_i]
     # One select over the concatenated blocks: masking a block on its own lets XLA constant-fold
     # it when the cache is a constant (a prefill from init_cache), which takes seconds to compile.
