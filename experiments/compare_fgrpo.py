@@ -12,7 +12,7 @@ script can be stopped and started again):
 1. probe (`--probe`, or first when TASK=auto and the probe's JSON is missing): for every candidate
    task (PROBE_TASKS: sub_2d, arith_mixed, word_problems, add_2d), the SFT start's greedy pass@1
    on the 200 held-out problems and its pass@1..64 (64 samples at T = 1) on the first
-   PROBE_PROBLEMS (100) of them -> experiments/results/compare_fgrpo_probe.json. Recommendation
+   PROBE_PROBLEMS (50) of them -> experiments/results/compare_fgrpo_probe.json. Recommendation
    (`recommend`): among the candidates whose greedy pass@1 is <= 0.5 (room to improve pass@1),
    the largest headroom pass@64 - greedy pass@1 (the rare correct solutions GRPO could lose);
    ties to the lower pass@1. TASK=auto (default) runs on it; TASK=<name> overrides.
@@ -29,28 +29,28 @@ script can be stopped and started again):
    per-step diagnostics: reward, all_right / all_wrong group fractions, mean token entropy) and
    compare_fgrpo.png (pass@k against k on a log axis per method; the diagnostics against step).
 
-Time (2-core CPU, float32, one run at a time; constants in `COST`): one GRPO step at group 8 /
-batch 32 / 5 new tokens is 9.4 s (experiments/results/compare_smollm2.json: grpo 302.5 s for 32
-steps, fgrpo 305.5 s for 33; grpo_step.json's 8.9 s at 16 rollouts x 16 tokens agrees), so 150
-steps = 24 min. A sampled evaluation row (32-token prompt + 5 new tokens at eval batch 100) costs
-~56 ms (model_generation.json: prefill ~750 tok/s, decode ~390 tok/s at batch >= 64): pass@64 on
-200 problems = 12,800 rows = 12 min; on the probe's 100 = 6 min. Memory of that evaluation
+Time (2-core CPU, float32, one run at a time; constants in `COST`), measured by the first full
+run (2026-12-04, Intel Xeon host, quiet; experiments/results/compare_fgrpo.json): one GRPO step at
+group 8 / batch 32 / 5 new tokens is 6.0 s (902 s for 150 steps), so 150 steps = 15 min; a sampled
+evaluation row (32-token prompt + 5 new tokens at eval batch 100) ~45 ms: pass@64 on 200 problems
+= 12,800 rows = 9.5 min; on the probe's problems (PROBE_PROBLEMS, 50) ~2.5 min.
+Memory of that evaluation
 (`essa_jax.memory.generation_bytes_per_row`, float32): the existing batch path generates
 `eval.batch_size` = 100 rows at a time, 4.1 MB per row (1.7 MB of it KV cache) = 0.41 GB per batch
 on add_2d / sub_2d (0.54 GB arith_mixed, 0.68 GB word_problems), next to 0.54 GB of weights; the
 12,800 completions are a few MB of host strings and the result keeps one count per problem. The
 number of samples changes the time, not the peak: ~1-1.5 GB per run, far inside the 23 GB machine.
-  probe (4 candidates; word_problems ~2x, arith_mixed ~1.4x per row)     ~40 min
-  sft  (load + SFT + pass@64)                                             ~14 min
-  grpo, fgrpo (each: load + SFT + 150 steps + 6 greedy evals + pass@64)  ~39 min each
-  default plan (probe + sft grpo fgrpo, seed 0) on add_2d / sub_2d       ~2.2 h
-  + fgrpo_g1 (METHODS="sft grpo fgrpo fgrpo_g1")                          ~2.9 h
-  + a second seed (SEEDS="0 1") of grpo and fgrpo                          +1.3 h
-  + dapo fdapo cispo fcispo (one seed each)                                +2.6 h
+  probe (4 candidates, PROBE_PROBLEMS=50; measured)                      ~17 min
+  sft  (load + SFT + pass@64; measured)                                  ~10 min
+  grpo, fgrpo (each: load + SFT + 150 steps + 6 greedy evals + pass@64)  ~27 min each (measured)
+  default plan (probe + sft grpo fgrpo, seed 0) on sub_2d  ~1.4 h (measured: 1 h 21 min)
+  + fgrpo_g1 (METHODS="sft grpo fgrpo fgrpo_g1")                          +27 min
+  + a second seed (SEEDS="0 1") of grpo and fgrpo                          +55 min
+  + dapo fdapo cispo fcispo (one seed each)                                +1.8 h
 On arith_mixed multiply the run times by ~1.3, on word_problems by ~2 (longer prompts, 16 new
 tokens). `--dry_run` prints the plan, its commands and this estimate without running anything.
 
-    experiments/compare_fgrpo.sh --probe                       # the probe only (~40 min)
+    experiments/compare_fgrpo.sh --probe                       # the probe only (~17 min)
     experiments/compare_fgrpo.sh                               # probe if missing, runs, report
     TASK=sub_2d METHODS="sft grpo fgrpo fgrpo_g1" experiments/compare_fgrpo.sh
     .venv/bin/python experiments/compare_fgrpo.py --report_only
@@ -143,11 +143,12 @@ METHODS: dict[str, dict[str, Any]] = {
 PAIRS = {"fgrpo": "grpo", "fgrpo_g1": "grpo", "fdapo": "dapo", "fcispo": "cispo"}
 
 # The time model of the module docstring: seconds per GRPO step and per sampled evaluation row,
-# per task (add_2d measured; the others scaled by prompt + new tokens), and per run's fixed part.
+# per task (sub_2d measured, add_2d the same shapes; the others scaled by prompt + new tokens as
+# the probe's rows were), and per run's fixed part.
 COST = {
-    "step_s": {"add_2d": 9.4, "sub_2d": 9.4, "arith_mixed": 12.5, "word_problems": 20.0},
-    "row_s": {"add_2d": 0.056, "sub_2d": 0.056, "arith_mixed": 0.077, "word_problems": 0.116},
-    "fixed_s": 90.0,  # load, compile, 2 SFT steps, the SFT start's greedy evaluation
+    "step_s": {"add_2d": 6.0, "sub_2d": 6.0, "arith_mixed": 8.0, "word_problems": 12.8},
+    "row_s": {"add_2d": 0.045, "sub_2d": 0.045, "arith_mixed": 0.062, "word_problems": 0.093},
+    "fixed_s": 40.0,  # load, compile, 2 SFT steps, the SFT start's greedy evaluation
     "greedy_eval_s": 20.0,  # 200 held-out problems, greedy
 }
 
@@ -783,7 +784,7 @@ def parse_plan(argv: list[str] | None) -> tuple[Plan, argparse.Namespace]:
     p.add_argument("--samples", type=int, default=int(env("PASS_SAMPLES", 64)))
     p.add_argument("--problems", type=int, default=int(env("PASS_PROBLEMS", 200)))
     p.add_argument("--probe_tasks", default=env("PROBE_TASKS", " ".join(TASKS)))
-    p.add_argument("--probe_problems", type=int, default=int(env("PROBE_PROBLEMS", 100)))
+    p.add_argument("--probe_problems", type=int, default=int(env("PROBE_PROBLEMS", 50)))
     p.add_argument("--out", default=env("OUT", "runs/compare_fgrpo"))
     p.add_argument("--results", default=env("RESULTS", RESULTS))
     p.add_argument("--probe_results", default=env("PROBE_RESULTS", PROBE_RESULTS))

@@ -8,15 +8,15 @@
 #
 #   nohup experiments/compare_fgrpo.sh > runs/compare_fgrpo.log 2>&1 &
 #
-#   experiments/compare_fgrpo.sh --probe       # candidates' SFT-start pass@1 / pass@64 (~40 min)
-#   experiments/compare_fgrpo.sh               # probe if missing; sft grpo fgrpo on its task (~2.2 h)
-#   TASK=sub_2d METHODS="sft grpo fgrpo fgrpo_g1" experiments/compare_fgrpo.sh    # + gamma 1 (~2.9 h)
+#   experiments/compare_fgrpo.sh --probe       # candidates' SFT-start pass@1 / pass@64 (~17 min)
+#   experiments/compare_fgrpo.sh               # probe if missing; sft grpo fgrpo on its task (~1.4 h)
+#   TASK=sub_2d METHODS="sft grpo fgrpo fgrpo_g1" experiments/compare_fgrpo.sh    # + gamma 1 (~1.8 h)
 #   SEEDS="0 1" METHODS="sft grpo fgrpo dapo fdapo cispo fcispo" experiments/compare_fgrpo.sh
 #   experiments/compare_fgrpo.sh --dry_run     # the commands and the estimate, nothing run
 #
 # Variables: TASK (auto = the probe's recommendation; sub_2d arith_mixed word_problems add_2d),
 # METHODS, SEEDS, STEPS (150), EVAL_EVERY (25), PASS_SAMPLES (64), PASS_PROBLEMS (200),
-# PROBE_TASKS, PROBE_PROBLEMS (100), OUT (runs/compare_fgrpo), RESULTS, PROBE_RESULTS, PY.
+# PROBE_TASKS, PROBE_PROBLEMS (50), OUT (runs/compare_fgrpo), RESULTS, PROBE_RESULTS, PY.
 # Writes experiments/results/compare_fgrpo_probe.json, compare_fgrpo.json and compare_fgrpo.png.
 set -euo pipefail
 cd "$(dirname "$0")/.."
