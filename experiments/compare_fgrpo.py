@@ -43,7 +43,7 @@ number of samples changes the time, not the peak: ~1-1.5 GB per run, far inside 
   probe (4 candidates, PROBE_PROBLEMS=50; measured)                      ~17 min
   sft  (load + SFT + pass@64; measured)                                  ~10 min
   grpo, fgrpo (each: load + SFT + 150 steps + 6 greedy evals + pass@64)  ~27 min each (measured)
-  default plan (probe + sft grpo fgrpo, seed 0) on sub_2d  ~1.4 h (measured: 1 h 21 min)
+  default plan (probe + sft grpo fgrpo, seed 0) on sub_2d               ~1.4 h (1 h 21 min)
   + fgrpo_g1 (METHODS="sft grpo fgrpo fgrpo_g1")                          +27 min
   + a second seed (SEEDS="0 1") of grpo and fgrpo                          +55 min
   + dapo fdapo cispo fcispo (one seed each)                                +1.8 h
