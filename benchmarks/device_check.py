@@ -24,13 +24,17 @@ travels), bf16 on an accelerator (float32 with --smoke). It measures, each with 
   temporaries - aliased; `essa_jax.plan` reads the same `memory_analysis`) plus the arrays the
   process holds besides the program's arguments.
 
-Writes experiments/results/gpu.json (or --out). A section that would run past `--budget_s` is
-skipped and named in `skipped`. On CPU, memory_stats is None and the peak is null.
+Writes experiments/results/gpu.json (or --out), again after every section, so a run stopped
+part-way still leaves what it measured. A section that would run past `--budget_s` is skipped and
+named in `skipped`; a section that raises (a first run on a new chip or JAX version) is recorded
+in `errors` as one line and the others still run (the exit status is then 1). On CPU,
+memory_stats is None and the peak is null.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import platform
 import sys
@@ -98,20 +102,6 @@ def _tokens(rng, shape: tuple[int, ...], vocab: int):
     return jnp.asarray(tokens), jnp.ones(shape, jnp.int32)
 
 
-def _peak_bytes() -> int | None:
-    import jax
-
-    stats = jax.devices()[0].memory_stats()
-    return None if not stats else int(stats.get("peak_bytes_in_use", 0))
-
-
-def _live_bytes() -> int | None:
-    import jax
-
-    stats = jax.devices()[0].memory_stats()
-    return None if not stats else int(stats.get("bytes_in_use", 0))
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--smoke", action="store_true", help="tiny shapes on any backend (CI)")
@@ -150,6 +140,7 @@ def main(argv: list[str] | None = None) -> int:
         "dtype": jnp.dtype(dtype).name,
         "settings": {k: v for k, v in s.items() if k != "model"},
         "skipped": [],
+        "errors": {},
     }
     rng = np.random.default_rng(0)
 
@@ -159,20 +150,38 @@ def main(argv: list[str] | None = None) -> int:
             return True
         return False
 
+    def write() -> None:
+        result["elapsed_s"] = time.perf_counter() - t_start
+        out_path.parent.mkdir(parents=True, exist_ok=True)
+        out_path.write_text(json.dumps(result, indent=1, default=float) + "\n")
+
+    @contextlib.contextmanager
+    def section(name: str):
+        """Run one section; an exception becomes one line in `errors`, the JSON is rewritten."""
+        try:
+            yield
+        except Exception as e:  # noqa: BLE001 - a measurement run records and goes on
+            result["errors"][name] = f"{type(e).__name__}: {e}"[:2000]
+            print(f"device_check: section {name} failed: {type(e).__name__}: {e}", file=sys.stderr)
+        write()
+
     # -- matmul rate and the chip's peak ------------------------------------------------------
-    n = s["matmul_n"]
-    a = jax.random.normal(jax.random.key(1), (n, n), dtype)
-    mm = jax.jit(lambda a: a @ a)
-    _, t = _best(lambda: mm(a), repeats)
-    measured = 2 * n**3 / t
-    published = next((v for k, v in PEAK_BF16.items() if k in dev.device_kind), None)
-    peak = published or measured
-    result["matmul"] = {"n": n, "tflops": measured / 1e12}
+    # The peak MFU is taken against: the published one, else this rate (or 1 if even that failed).
+    peak = next((v for k, v in PEAK_BF16.items() if k in dev.device_kind), None)
     result["peak_flops"] = {
-        "published_bf16": published,
+        "published_bf16": peak,
         "used": peak,
-        "source": "published" if published else "measured (unknown device kind)",
+        "source": "published" if peak else "measured (unknown device kind)",
     }
+    with section("matmul"):
+        n = s["matmul_n"]
+        a = jax.random.normal(jax.random.key(1), (n, n), dtype)
+        mm = jax.jit(lambda a: a @ a)
+        _, t = _best(lambda: mm(a), repeats)
+        result["matmul"] = {"n": n, "tflops": 2 * n**3 / t / 1e12}
+        if not peak:
+            result["peak_flops"]["used"] = 2 * n**3 / t
+    peak = result["peak_flops"]["used"] or 1.0
 
     config, params = _model(s["model"], dtype)
     result["num_params"] = int(config.num_params())
@@ -180,46 +189,48 @@ def main(argv: list[str] | None = None) -> int:
     # the smoke run exercises that path).
     with decode_layers("scan"):
         # -- prefill MFU ------------------------------------------------------------------------
-        if not over_budget("prefill"):
-            b, tp = s["prefill_batch"], s["prompt"]
-            tok, msk = _tokens(rng, (b, tp), config.vocab_size)
+        with section("prefill"):
+            if not over_budget("prefill"):
+                b, tp = s["prefill_batch"], s["prompt"]
+                tok, msk = _tokens(rng, (b, tp), config.vocab_size)
 
-            @jax.jit
-            def prompt_pass(params, tokens, mask):
-                h, cache = prefill(
-                    params, config, tokens, max_len=tp + s["new"], attention_mask=mask
-                )
-                return lm_head(params, config, h[:, -1]), cache
+                @jax.jit
+                def prompt_pass(params, tokens, mask):
+                    h, cache = prefill(
+                        params, config, tokens, max_len=tp + s["new"], attention_mask=mask
+                    )
+                    return lm_head(params, config, h[:, -1]), cache
 
-            first, t = _best(lambda: prompt_pass(params, tok, msk), repeats)
-            flops = prefill_flops(config, b, tp)
-            result["prefill"] = {
-                "batch": b, "tokens": tp, "seconds": t, "compile_s": first,
-                "tflops": flops / t / 1e12, "mfu": flops / t / peak,
-            }  # fmt: skip
+                first, t = _best(lambda: prompt_pass(params, tok, msk), repeats)
+                flops = prefill_flops(config, b, tp)
+                result["prefill"] = {
+                    "batch": b, "tokens": tp, "seconds": t, "compile_s": first,
+                    "tflops": flops / t / 1e12, "mfu": flops / t / peak,
+                }  # fmt: skip
 
         # -- decode tokens/s --------------------------------------------------------------------
         result["decode"] = []
         for b in s["decode_batches"]:
-            if over_budget(f"decode_b{b}"):
-                continue
-            tok, msk = _tokens(rng, (b, s["prompt"]), config.vocab_size)
+            with section(f"decode_b{b}"):
+                if over_budget(f"decode_b{b}"):
+                    continue
+                tok, msk = _tokens(rng, (b, s["prompt"]), config.vocab_size)
 
-            def gen(k, tok=tok, msk=msk):
-                return lambda: generate_jit(
-                    params, config, tok, msk, jax.random.key(0),
-                    max_new_tokens=k, greedy=True, eos_token_ids=(),
-                ).tokens  # fmt: skip
+                def gen(k, tok=tok, msk=msk):
+                    return lambda: generate_jit(
+                        params, config, tok, msk, jax.random.key(0),
+                        max_new_tokens=k, greedy=True, eos_token_ids=(),
+                    ).tokens  # fmt: skip
 
-            c1, t1 = _best(gen(1), repeats)
-            cn, tn = _best(gen(s["new"]), repeats)
-            steps = s["new"] - 1
-            dt = tn - t1  # <= 0 only when timing noise exceeds the decode (tiny smoke shapes)
-            result["decode"].append({
-                "batch": b, "new_tokens": s["new"], "prompt": s["prompt"],
-                "tokens_per_s": b * steps / dt if dt > 0 else None, "step_ms": 1e3 * dt / steps,
-                "generate_s": tn, "compile_s": c1 + cn,
-            })  # fmt: skip
+                c1, t1 = _best(gen(1), repeats)
+                cn, tn = _best(gen(s["new"]), repeats)
+                steps = s["new"] - 1
+                dt = tn - t1  # <= 0 only when timing noise exceeds the decode (tiny smoke shapes)
+                result["decode"].append({
+                    "batch": b, "new_tokens": s["new"], "prompt": s["prompt"],
+                    "tokens_per_s": b * steps / dt if dt > 0 else None,
+                    "step_ms": 1e3 * dt / steps, "generate_s": tn, "compile_s": c1 + cn,
+                })  # fmt: skip
 
         # -- population vs plain generation -------------------------------------------------------
         lc = LoraConfig(rank=8, alpha=16.0, targets=("q", "k", "v", "o"))
@@ -234,73 +245,75 @@ def main(argv: list[str] | None = None) -> int:
         result["population"] = []
         prog_bytes = None
         for p in s["pops"]:
-            if over_budget(f"population_p{p}"):
-                continue
-            bpm, tp, new = s["prompts_per_member"], s["pop_prompt"], s["pop_new"]
-            tok, msk = _tokens(rng, (p, bpm, tp), config.vocab_size)
-            genomes = jnp.asarray(0.05 * rng.standard_normal((p, layout.size)), jnp.float32)
-            kw = dict(max_new_tokens=new, greedy=True, eos_token_ids=())
-            flat_t, flat_m = tok.reshape(p * bpm, tp), msk.reshape(p * bpm, tp)
+            with section(f"population_p{p}"):
+                if over_budget(f"population_p{p}"):
+                    continue
+                bpm, tp, new = s["prompts_per_member"], s["pop_prompt"], s["pop_new"]
+                tok, msk = _tokens(rng, (p, bpm, tp), config.vocab_size)
+                genomes = jnp.asarray(0.05 * rng.standard_normal((p, layout.size)), jnp.float32)
+                kw = dict(max_new_tokens=new, greedy=True, eos_token_ids=())
+                flat_t, flat_m = tok.reshape(p * bpm, tp), msk.reshape(p * bpm, tp)
 
-            def pop_call(genomes=genomes, tok=tok, msk=msk, kw=kw):
-                return population_generate(
-                    params, config, basis, layout, genomes, tok, msk, jax.random.key(0), **kw
-                ).tokens
+                def pop_call(genomes=genomes, tok=tok, msk=msk, kw=kw):
+                    return population_generate(
+                        params, config, basis, layout, genomes, tok, msk, jax.random.key(0), **kw
+                    ).tokens
 
-            def plain_call(flat_t=flat_t, flat_m=flat_m, kw=kw):
-                return generate_jit(params, config, flat_t, flat_m, jax.random.key(0), **kw).tokens
+                def plain_call(flat_t=flat_t, flat_m=flat_m, kw=kw):
+                    return generate_jit(
+                        params, config, flat_t, flat_m, jax.random.key(0), **kw
+                    ).tokens
 
-            cp, t_pop = _best(pop_call, repeats)
-            cq, t_plain = _best(plain_call, repeats)
-            result["population"].append({
-                "P": p, "prompts_per_member": bpm, "rows": p * bpm, "prompt": tp,
-                "new_tokens": new, "population_s": t_pop, "plain_s": t_plain,
-                "ratio": t_pop / t_plain, "compile_s": cp + cq,
-            })  # fmt: skip
-            if p == max(s["pops"]):
-                # What the plan's accounting predicts for this program (essa_jax.plan reads the
-                # same memory_analysis): the compiled program's own buffers.
-                lowered = jax.jit(
-                    population_generate,
-                    static_argnames=(
-                        "config",
-                        "layout",
-                        "max_new_tokens",
-                        "greedy",
-                        "eos_token_ids",
-                    ),
-                ).lower(params, config, basis, layout, genomes, tok, msk, jax.random.key(0), **kw)
-                m = lowered.compile().memory_analysis()
-                prog_bytes = (
-                    m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes
-                    - m.alias_size_in_bytes
-                )  # fmt: skip
-                result["memory_program"] = {
-                    "argument_bytes": int(m.argument_size_in_bytes),
-                    "output_bytes": int(m.output_size_in_bytes),
-                    "temp_bytes": int(m.temp_size_in_bytes),
-                    "alias_bytes": int(m.alias_size_in_bytes),
-                    "predicted_bytes": int(prog_bytes),
-                }
+                cp, t_pop = _best(pop_call, repeats)
+                cq, t_plain = _best(plain_call, repeats)
+                result["population"].append({
+                    "P": p, "prompts_per_member": bpm, "rows": p * bpm, "prompt": tp,
+                    "new_tokens": new, "population_s": t_pop, "plain_s": t_plain,
+                    "ratio": t_pop / t_plain, "compile_s": cp + cq,
+                })  # fmt: skip
+                if p == max(s["pops"]):
+                    # What the plan's accounting predicts for this program (essa_jax.plan reads
+                    # the same memory_analysis): the compiled program's own buffers.
+                    static = ("config", "layout", "max_new_tokens", "greedy", "eos_token_ids")
+                    m = (
+                        jax.jit(population_generate, static_argnames=static)
+                        .lower(
+                            params, config, basis, layout, genomes, tok, msk, jax.random.key(0),
+                            **kw,
+                        )
+                        .compile()
+                        .memory_analysis()
+                    )  # fmt: skip
+                    prog_bytes = (
+                        m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes
+                        - m.alias_size_in_bytes
+                    )  # fmt: skip
+                    result["memory_program"] = {
+                        "argument_bytes": int(m.argument_size_in_bytes),
+                        "output_bytes": int(m.output_size_in_bytes),
+                        "temp_bytes": int(m.temp_size_in_bytes),
+                        "alias_bytes": int(m.alias_size_in_bytes),
+                        "predicted_bytes": int(prog_bytes),
+                    }
 
-    peak_bytes, live = _peak_bytes(), _live_bytes()
-    result["memory"] = {
-        "peak_bytes_in_use": peak_bytes,
-        "bytes_in_use_at_end": live,
-        "predicted_population_bytes": prog_bytes,
-        "peak_over_predicted": (peak_bytes / prog_bytes) if peak_bytes and prog_bytes else None,
-        "note": (
-            "peak_bytes_in_use is the process's maximum over every program run (the model's "
-            "weights included); predicted_population_bytes is XLA's buffer assignment of the "
-            "largest program (P = max), weights included as its arguments."
-        ),
-    }
-    result["elapsed_s"] = time.perf_counter() - t_start
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    out_path.write_text(json.dumps(result, indent=1, default=float) + "\n")
+    with section("memory"):
+        stats = jax.devices()[0].memory_stats() or {}
+        peak_bytes = int(stats["peak_bytes_in_use"]) if "peak_bytes_in_use" in stats else None
+        result["memory"] = {
+            "peak_bytes_in_use": peak_bytes,
+            "bytes_in_use_at_end": stats.get("bytes_in_use"),
+            "bytes_limit": stats.get("bytes_limit"),
+            "predicted_population_bytes": prog_bytes,
+            "peak_over_predicted": (peak_bytes / prog_bytes) if peak_bytes and prog_bytes else None,
+            "note": (
+                "peak_bytes_in_use is the process's maximum over every program run (the model's "
+                "weights included); predicted_population_bytes is XLA's buffer assignment of the "
+                "largest program (P = max), weights included as its arguments."
+            ),
+        }
     print(json.dumps(result, indent=1, default=float))
     print(f"wrote {out_path}", file=sys.stderr)
-    return 0
+    return 1 if result["errors"] else 0
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ def test_device_check_smoke_writes_every_field(tmp_path):
     assert res.returncode == 0, res.stderr[-3000:]
     r = json.loads(out.read_text())
     assert r["smoke"] is True and r["device"]["platform"] == "cpu" and r["skipped"] == []
+    assert r["errors"] == {}
     assert r["model"] == "random:tiny" and r["num_params"] > 0
     assert r["matmul"]["tflops"] > 0 and r["peak_flops"]["used"] > 0
     assert r["prefill"]["mfu"] > 0 and r["prefill"]["tokens"] == r["settings"]["prompt"]
@@ -37,6 +38,28 @@ def test_device_check_smoke_writes_every_field(tmp_path):
     assert r["memory_program"]["argument_bytes"] > 0
     assert mem["peak_bytes_in_use"] is None  # CPU devices report no memory stats
     assert r["elapsed_s"] > 0
+
+
+def test_device_check_records_a_failing_section_and_goes_on(tmp_path, monkeypatch):
+    """A first run on a new chip or JAX version must not lose the sections that worked: a section
+    that raises becomes one line in `errors`, the rest still run, the JSON is written, exit 1."""
+    import essa_jax.models
+
+    monkeypatch.syspath_prepend(str(ROOT))  # benchmarks/ is not an installed package
+    from benchmarks import device_check
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("no kernel for this chip")
+
+    monkeypatch.setattr(essa_jax.models, "generate_jit", broken)
+    out = tmp_path / "gpu.json"
+    assert device_check.main(["--smoke", "--out", str(out)]) == 1
+    r = json.loads(out.read_text())
+    failed = {"decode_b2", "decode_b4", "population_p2", "population_p4"}
+    assert set(r["errors"]) == failed
+    assert all(v == "RuntimeError: no kernel for this chip" for v in r["errors"].values())
+    assert r["prefill"]["mfu"] > 0 and r["matmul"]["tflops"] > 0  # the sections that worked
+    assert r["decode"] == [] and r["population"] == [] and "memory" in r
 
 
 def test_device_check_sh_unpacks_wheels_with_namespace_packages(tmp_path):
