@@ -6,7 +6,8 @@ per-step dispatch), best of rounds:
 
   * layers: `hidden_states` of one new token per row against a cache of S slots, for several S;
   * layer matmuls: the same layers' seven projections alone (real weights, same shapes);
-  * lm_head: the [B, d] x [d, V] logits; sampling: greedy argmax + the logsumexp of the log-prob.
+  * lm_head: the [B, d] x [d, V] logits; sampling: greedy argmax + the logsumexp of the log-prob;
+  * a sampled step's draw (`models.sampling`, one key per row), next to jax.random.categorical's.
 
 layers - layer matmuls is what the rest of a layer costs (attention over the S slots, norms, RoPE,
 the cache write); its slope in S is attention's cost per cache slot. The matmul rate of each part
@@ -25,7 +26,7 @@ import numpy as np
 from benchmarks.common import print_table, time_fn, write_results
 from benchmarks.model import matmul_gflops
 from essa_jax.models import lm_head, load_pretrained, prefill, smollm2_gguf_path
-from essa_jax.models.generate import _sample
+from essa_jax.models.sampling import sample_tokens
 from essa_jax.models.transformer import hidden_states, per_layer_cache, per_layer_params
 
 STEPS = 10  # decode steps per timed program
@@ -92,10 +93,28 @@ def main() -> None:
     logits = jax.random.normal(jax.random.key(1), (B, V))
 
     def sample(lg, tok):
-        tok, lp = _sample(None, lg, temperature=1.0, top_k=0, top_p=1.0, greedy=True)
+        tok, lp = sample_tokens(None, lg, temperature=1.0, top_k=0, top_p=1.0, greedy=True)
         return lg + 1e-9 * lp[:, None], tok
 
     sample_s = _per_step(_steps(sample), logits, tokens[:, -1])
+
+    # A sampled step's draw at T = 1 (one key per row, as GRPO rollouts), against the Gumbel-max
+    # draw of jax.random.categorical that `models.sampling.draw_tokens` replaced.
+    row_keys = jax.random.split(jax.random.key(2), B)
+
+    def draw(lg, keys):
+        tok, lp = sample_tokens(
+            keys, lg, temperature=1.0, top_k=0, top_p=1.0, greedy=False, per_row=True
+        )
+        return lg + 1e-9 * lp[:, None], jax.vmap(lambda k: jax.random.fold_in(k, 1))(keys)
+
+    def gumbel(lg, keys):
+        tok = jax.vmap(jax.random.categorical)(keys, lg)
+        lp = jnp.take_along_axis(lg, tok[:, None], -1)[:, 0] - jax.nn.logsumexp(lg, -1)
+        return lg + 1e-9 * lp[:, None], jax.vmap(lambda k: jax.random.fold_in(k, 1))(keys)
+
+    draw_s = _per_step(_steps(draw), logits, row_keys)
+    gumbel_s = _per_step(_steps(gumbel), logits, row_keys)
 
     slope = float(np.polyfit(slots, [layer_s[S] for S in slots], 1)[0]) if len(slots) > 1 else 0.0
     rows = []
@@ -122,6 +141,8 @@ def main() -> None:
         "lm_head_s": head_s,
         "lm_head_gflops": head_flops / head_s / 1e9,
         "sampling_s": sample_s,
+        "sampled_draw_s": draw_s,
+        "categorical_draw_s": gumbel_s,
         "layers_s": {str(S): t for S, t in layer_s.items()},
         "attention_s_per_slot": slope,
         "rows": rows,
@@ -130,7 +151,8 @@ def main() -> None:
         rows,
         f"decode step, SmolLM2-135M f32, batch {B}: layer matmuls at "
         f"{results['layer_matmuls_gflops']:.0f}, lm_head at {results['lm_head_gflops']:.0f} of "
-        f"{gflops:.0f} GFLOP/s (square matmul); attention {1e3 * slope:.2f} ms per cache slot",
+        f"{gflops:.0f} GFLOP/s (square matmul); attention {1e3 * slope:.2f} ms per cache slot; "
+        f"a sampled draw {1e3 * draw_s:.1f} ms (jax.random.categorical: {1e3 * gumbel_s:.1f} ms)",
     )
     write_results("decode_profile", results)
 

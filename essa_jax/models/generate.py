@@ -21,6 +21,7 @@ import numpy as np
 
 from essa_jax.mesh import pad_to
 from essa_jax.models.config import ModelConfig
+from essa_jax.models.sampling import sample_tokens
 from essa_jax.models.transformer import (
     Params,
     hidden_states,
@@ -101,23 +102,6 @@ def pad_left(
     return tokens, mask
 
 
-def _filter_logits(logits: jax.Array, top_k: int, top_p: float) -> jax.Array:
-    """Top-k (Fan et al. 2018) then nucleus / top-p (Holtzman et al. 2020) filtering of [B, V]."""
-    if top_k and top_k > 0:
-        kth = jax.lax.top_k(logits, top_k)[0][:, -1:]
-        logits = jnp.where(logits < kth, -jnp.inf, logits)
-    if not (isinstance(top_p, int | float) and top_p >= 1.0):
-        sorted_logits = jnp.sort(logits, axis=-1)[:, ::-1]
-        probs = jax.nn.softmax(sorted_logits, axis=-1)
-        # Keep the smallest prefix whose mass reaches top_p: a token is kept if the mass strictly
-        # before it is < top_p (so the most likely token is always kept).
-        mass_before = jnp.cumsum(probs, axis=-1) - probs
-        keep = mass_before < top_p
-        cutoff = jnp.min(jnp.where(keep, sorted_logits, jnp.inf), axis=-1, keepdims=True)
-        logits = jnp.where(logits < cutoff, -jnp.inf, logits)
-    return logits
-
-
 def _per_row_keys(key: jax.Array, batch: int) -> bool:
     """Whether `key` holds one PRNG key per row ([B] typed keys or [B, 2] raw) rather than one."""
     typed = jnp.issubdtype(key.dtype, jax.dtypes.prng_key)
@@ -137,31 +121,6 @@ def _step_key(key: jax.Array, step: jax.Array | int, per_row: bool) -> jax.Array
     if per_row:
         return jax.vmap(jax.random.fold_in, (0, None))(key, step)
     return jax.random.fold_in(key, step)
-
-
-def _sample(
-    key: jax.Array,
-    logits: jax.Array,
-    *,
-    temperature: float,
-    top_k: int,
-    top_p: float,
-    greedy: bool,
-    per_row: bool = False,
-) -> tuple[jax.Array, jax.Array]:
-    """Pick a token per row from logits [B, V] with one key, or with key [B] (one per row) when
-    per_row; return (tokens [B], logprobs [B])."""
-    scaled = logits / temperature
-    if greedy:
-        tok = jnp.argmax(logits, axis=-1)
-    else:
-        draw = functools.partial(jax.random.categorical, axis=-1)
-        tok = (jax.vmap(draw) if per_row else draw)(key, _filter_logits(scaled, top_k, top_p))
-    tok = tok.astype(jnp.int32)
-    # log_softmax(scaled)[tok] without writing the [B, V] log_softmax out (a tenth of a SmolLM2
-    # decode step at batch 256 went to it): only the logsumexp reduction touches all of V.
-    chosen = jnp.take_along_axis(scaled, tok[:, None], axis=-1)[:, 0]
-    return tok, chosen - jax.nn.logsumexp(scaled, axis=-1)
 
 
 def generate(
@@ -204,7 +163,7 @@ def generate(
     N = max_new_tokens
     per_row = _per_row_keys(key, B)
     sample = functools.partial(
-        _sample,
+        sample_tokens,
         temperature=temperature,
         top_k=top_k,
         top_p=top_p,

@@ -75,8 +75,11 @@ def test_chunked_attention_gradients_and_cache_blocks(monkeypatch):
     got_l, got_g = jax.jit(jax.value_and_grad(loss))(lora)
     np.testing.assert_allclose(got_l, want_l, rtol=1e-5)
     for g, w in zip(jax.tree.leaves(got_g), jax.tree.leaves(want_g), strict=True):
-        assert np.abs(np.asarray(w)).max() > 0
-        np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-6)
+        scale = np.abs(np.asarray(w)).max()
+        assert scale > 0
+        # float32 rounding of a different summation order, measured against the leaf's scale
+        # (gradients here reach ~50; an element near 0.008 moved by 3e-6 on an AVX-512 host).
+        np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-6 * scale)
     got_c, _ = hidden_states(params, cfg, tokens[:, 5:], attention_mask=mask[:, 5:], cache=cache)
     real = np.asarray(mask[:, 5:], bool)
     np.testing.assert_allclose(np.asarray(got_c)[real], np.asarray(want_c)[real], rtol=1e-5)
