@@ -16,6 +16,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from essa_jax import hostmem
+
 RESULTS_DIR = Path(__file__).resolve().parent.parent / "experiments" / "results"
 
 
@@ -40,6 +42,10 @@ def machine_info() -> dict[str, Any]:
         "devices": [str(d) for d in jax.devices()],
         "python": platform.python_version(),
         "date": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+        # glibc's allocator settings the process started with (essa_jax.hostmem): "retained"
+        # when `make bench` set them, else glibc's defaults.
+        "malloc": "retained" if hostmem.retained_in_effect(os.environ) else "glibc default",
+        "glibc_tunables": os.environ.get("GLIBC_TUNABLES", ""),
     }
     try:
         import torch

@@ -23,7 +23,7 @@ from typing import Any
 from absl import app, flags
 from ml_collections import config_flags
 
-from essa_jax import distributed
+from essa_jax import distributed, hostmem
 
 # --coordinator_address / --num_processes / --process_id (else $JAX_COORDINATOR_ADDRESS,
 # $JAX_NUM_PROCESSES, $JAX_PROCESS_ID): one command line for every process of a multi-host run.
@@ -194,6 +194,9 @@ def parse_flags(argv: list[str], flag_values: flags.FlagValues = flags.FLAGS) ->
 
 def run() -> None:
     """Console-script entry point (`essa-jax`)."""
+    # Before anything allocates: restart with glibc keeping freed memory (essa_jax.hostmem says
+    # why: XLA's CPU buffers were page-faulted back in on every call).
+    hostmem.reexec_with_retained_malloc()
     _HOLDERS.update(define_flags())
     app.run(main, flags_parser=parse_flags)
 
