@@ -12,6 +12,7 @@ PKG = Path(__file__).resolve().parents[1] / "essa_jax"
 LAYERS = {
     "mesh": 0,
     "distributed": 0,
+    "hostmem": 0,
     "checkpointing": 0,
     "models": 1,
     "memory": 1,
