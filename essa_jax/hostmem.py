@@ -31,17 +31,23 @@ TUNABLES = {
 OPT_OUT = "ESSA_JAX_MALLOC"
 
 
+def _set_tunables(environ: Mapping[str, str]) -> list[tuple[str, str]]:
+    """The (key, value) pairs of environ's GLIBC_TUNABLES, in order."""
+    pairs = (t.split("=", 1) for t in environ.get("GLIBC_TUNABLES", "").split(":") if "=" in t)
+    return [(k, v) for k, v in pairs]
+
+
 def retained_malloc_env(environ: Mapping[str, str]) -> dict[str, str] | None:
     """`environ` with TUNABLES added to GLIBC_TUNABLES (a key the user set is kept as set), or
     None when nothing would change: already set, `ESSA_JAX_MALLOC=system`, or not glibc."""
     if environ.get(OPT_OUT, "") == "system" or platform.libc_ver()[0] != "glibc":
         return None
-    current = [t for t in environ.get("GLIBC_TUNABLES", "").split(":") if t]
-    have = {t.split("=", 1)[0] for t in current}
-    missing = [f"{k}={v}" for k, v in TUNABLES.items() if k not in have]
+    current = _set_tunables(environ)
+    have = {k for k, _ in current}
+    missing = [(k, v) for k, v in TUNABLES.items() if k not in have]
     if not missing:
         return None
-    return {**environ, "GLIBC_TUNABLES": ":".join(current + missing)}
+    return {**environ, "GLIBC_TUNABLES": ":".join(f"{k}={v}" for k, v in current + missing)}
 
 
 def retained_in_effect(environ: Mapping[str, str]) -> bool:
@@ -49,9 +55,7 @@ def retained_in_effect(environ: Mapping[str, str]) -> bool:
     key set to its value here."""
     if platform.libc_ver()[0] != "glibc":
         return False
-    current = dict(
-        t.split("=", 1) for t in environ.get("GLIBC_TUNABLES", "").split(":") if "=" in t
-    )
+    current = dict(_set_tunables(environ))
     return all(current.get(k) == v for k, v in TUNABLES.items())
 
 
