@@ -166,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
         write()
 
     # -- matmul rate and the chip's peak ------------------------------------------------------
-    # The peak MFU is taken against: the published one, else this rate (or 1 if even that failed).
+    # The peak MFU is taken against: the published one, else this rate (no MFU if neither).
     peak = next((v for k, v in PEAK_BF16.items() if k in dev.device_kind), None)
     result["peak_flops"] = {
         "published_bf16": peak,
@@ -181,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
         result["matmul"] = {"n": n, "tflops": 2 * n**3 / t / 1e12}
         if not peak:
             result["peak_flops"]["used"] = 2 * n**3 / t
-    peak = result["peak_flops"]["used"] or 1.0
+    peak = result["peak_flops"]["used"]
 
     config, params = _model(s["model"], dtype)
     result["num_params"] = int(config.num_params())
@@ -205,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
                 flops = prefill_flops(config, b, tp)
                 result["prefill"] = {
                     "batch": b, "tokens": tp, "seconds": t, "compile_s": first,
-                    "tflops": flops / t / 1e12, "mfu": flops / t / peak,
+                    "tflops": flops / t / 1e12, "mfu": flops / t / peak if peak else None,
                 }  # fmt: skip
 
         # -- decode tokens/s --------------------------------------------------------------------
