@@ -1,6 +1,13 @@
 """Command line of essa_jax.
 
     python -m essa_jax.main --config experiments/configs/<name>.py --workdir runs/<name>
+    python -m essa_jax.main --config experiments/configs/<name>.py --print_config   # every field
+    python -m essa_jax.main --config experiments/configs/<name>.py --dry_run        # validate only
+
+`--help` lists the shipped configs and these flags; `--print_config` prints every field of the
+config (after the overrides) with its value and the schema's comment (`essa_jax.config_fields`);
+`--dry_run` (alias `--only_check_args`) runs the run's own `validate_config`, reading no weight,
+and exits 0 when the config would run, 2 with the one-line error otherwise.
 
 Override any field with `--config.<field>=<value>` (e.g. `--config.essa.population_size=24`); an
 unknown field is an error (the config is locked). The config is validated before the model is
@@ -72,6 +79,20 @@ def define_flags(
             "Resume when --workdir holds a checkpoint (else refuse to overwrite it).",
             flag_values=flag_values,
         ),
+        "print_config": flags.DEFINE_bool(
+            "print_config",
+            False,
+            "Print every config field (after the overrides) with its value and comment, and exit "
+            "(with --dry_run: then validate). No --workdir needed.",
+            flag_values=flag_values,
+        ),
+        "dry_run": flags.DEFINE_bool(
+            "dry_run",
+            False,
+            "Validate the config as the run does (validate_config: no weight is read) and exit: "
+            "0 if it would run, 2 with the error. No --workdir needed. --only_check_args = this.",
+            flag_values=flag_values,
+        ),
     }
 
 
@@ -80,8 +101,9 @@ def run_from_flags(holders: dict[str, Any]) -> int:
     from essa_jax.config import ConfigError, validate_config
 
     config, workdir = holders["config"].value, holders["workdir"].value
-    if config is None or not workdir:
-        print("error: --config and --workdir are required", file=sys.stderr)
+    dry_run = "dry_run" in holders and holders["dry_run"].value
+    if config is None or not (workdir or dry_run):
+        print("error: --config and --workdir are required (see --help)", file=sys.stderr)
         return 2
     from essa_jax.checkpointing import WorkdirError
     from essa_jax.data.loading import MalformedRowError
@@ -101,6 +123,9 @@ def run_from_flags(holders: dict[str, Any]) -> int:
     resume = True if holders["resume"].value else (None if holders["resume_auto"].value else False)
     try:
         validate_config(config)  # fail in a second, before any weights are read
+        if dry_run:
+            print(f"config OK: method {config.method!r}, model {config.model.path!r} (nothing run)")
+            return 0
         from essa_jax.train import train_and_evaluate
 
         train_and_evaluate(config, os.path.expanduser(workdir), resume=resume)
@@ -118,6 +143,16 @@ _HOLDERS: dict[str, Any] = {}
 def main(argv: list[str]) -> int:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    if _HOLDERS["print_config"].value:
+        config = _HOLDERS["config"].value
+        if config is None:
+            print("error: --print_config needs --config (see --help)", file=sys.stderr)
+            return 2
+        from essa_jax.config_fields import describe_config
+
+        print(describe_config(config), flush=True)
+        if not _HOLDERS["dry_run"].value:
+            return 0
     # Before validate_config: jax.device_count() there creates the backend, after which this
     # process could no longer join a multi-process run.
     distributed.skip_absent_tpu()
@@ -176,20 +211,86 @@ def unknown_override(argv: Sequence[str]) -> str | None:
     return None
 
 
+CONFIG_DIR = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "experiments", "configs"
+)
+HELP_ARGS = ("--help", "-h", "-?", "--helpshort", "--helpfull")
+
+
+def shipped_configs(directory: str = CONFIG_DIR) -> list[tuple[str, str]]:
+    """(path, first line of its docstring) of every config file in `directory`, by name; empty
+    when the package runs without its source tree."""
+    import ast
+
+    if not os.path.isdir(directory):
+        return []
+    out = []
+    for name in sorted(os.listdir(directory)):
+        if name.endswith(".py") and not name.startswith("_"):
+            path = os.path.join(directory, name)
+            with open(path) as f:
+                doc = ast.get_docstring(ast.parse(f.read())) or ""
+            out.append((os.path.relpath(path), doc.strip().split("\n")[0]))
+    return out
+
+
+def usage(holders: dict[str, Any], flag_values: flags.FlagValues = flags.FLAGS) -> str:
+    """What `--help` prints: the commands, the shipped configs with their purpose, the flags."""
+    lines = [
+        "essa_jax: align LLMs with ESSA (evolution strategies on LoRA singular values) or the "
+        "GRPO family.",
+        "",
+        "Commands:",
+        "  python -m essa_jax.main --config CONFIG --workdir DIR [--config.<field>=VALUE ...]",
+        "      train and evaluate (essa-jax is the same command; `make run` runs the default)",
+        "  python -m essa_jax.plan --config CONFIG [--devices N --device_memory_gb G | --target T]",
+        "      ahead-of-time plan: per-device bytes and estimated time of every program, no run",
+        "",
+        "Shipped configs (experiments/configs):",
+    ]
+    configs = shipped_configs()
+    width = max((len(p) for p, _ in configs), default=0)
+    lines += [f"  {p:<{width}}  {doc}" for p, doc in configs] or ["  (no source tree here)"]
+    lines += ["", "Flags:"]
+    names = list(holders) + [
+        "coordinator_address", "num_processes", "process_id",
+    ]  # fmt: skip
+    for name in names:
+        if name in flag_values:
+            fl = flag_values[name]
+            default = "" if fl.default is None else f" (default: {fl.default_as_str})"
+            lines.append(f"  --{name}: {' '.join(fl.help.split())}{default}")
+    lines += [
+        "",
+        "Every config field: --print_config (values with comments); essa_jax/config.py "
+        "base_config is the schema. Overrides: --config.<section>.<field>=VALUE.",
+    ]
+    return "\n".join(lines)
+
+
 def parse_flags(argv: list[str], flag_values: flags.FlagValues = flags.FLAGS) -> list[str]:
     """absl's flag parsing, with a user's mistake on the command line (an unknown config field, a
-    value of the wrong type, a missing config file) ending in one line on stderr and exit 2."""
+    value of the wrong type, a missing config file) ending in one line on stderr and exit 2.
+    `--help` prints `usage` and exits 0; `--only_check_args` is `--dry_run` (absl would exit 0
+    without looking at the config)."""
+    if any(a in HELP_ARGS for a in argv[1:]):
+        print(usage(_HOLDERS, flag_values))
+        sys.exit(0)
     path = _config_path(argv)
     if path is not None and not os.path.isfile(path):
         # ml_collections would defer this to the first use of the config, as a traceback.
         print(f"error: --config {path}: no such file (experiments/configs/*.py)", file=sys.stderr)
         sys.exit(2)
     try:
-        return flag_values(argv)
+        rest = flag_values(argv)
     except Exception as e:  # ml_collections raises AttributeError / KeyError for unknown fields
         message = unknown_override(argv) or " ".join(str(e).split())
         print(f"error: {message}", file=sys.stderr)
         sys.exit(2)
+    if "only_check_args" in flag_values and flag_values["only_check_args"].value:
+        flag_values["only_check_args"].value = False
+        flag_values["dry_run"].value = True
+    return rest
 
 
 def run() -> None:

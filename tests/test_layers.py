@@ -25,6 +25,7 @@ LAYERS = {
     "population": 3,
     "scaling": 3,
     "config": 4,
+    "config_fields": 4,
     "train": 5,
     "main": 5,
     "plan": 5,
