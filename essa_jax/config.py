@@ -238,6 +238,9 @@ def base_config() -> ml_collections.ConfigDict:
     c.eval.pass_k_problems = 50
     c.eval.batch_size = 100  # held-out prompts per generate call
     c.eval.base_model = False  # also report the base model's held-out accuracy (no adapter)
+    # Completions written per held-out evaluation to <workdir>/eval_samples.jsonl (the first this
+    # many problems: prompt, completion, gold answer, reward, step, which evaluation); 0 = none.
+    c.eval.samples_to_log = 8
 
     c.checkpoint = ml_collections.ConfigDict()
     c.checkpoint.every = 10  # steps between checkpoints (and at the end); 0 = end only
@@ -587,6 +590,9 @@ def validate_config(config, num_devices: int | None = None, *, model_config: Any
                 "eval.pass_k", ks, f"non-empty tuples of ints in 1..{ev.pass_k_samples}"
             )
     _check_positive("eval.batch_size", ev.batch_size)
+    if isinstance(ev.samples_to_log, bool) or not isinstance(ev.samples_to_log, int):
+        raise ConfigError("eval.samples_to_log", ev.samples_to_log, "integers >= 0 (0 = none)")
+    _check_positive("eval.samples_to_log", ev.samples_to_log, allow_zero=True)
     _check_positive("checkpoint.every", config.checkpoint.every, allow_zero=True)
     _check_positive("checkpoint.keep", config.checkpoint.keep)
     # Last: the batch fields it reads are valid by now. Micro-batches count rows per device.

@@ -79,6 +79,7 @@ def heldout_accuracy(
     reward_fn: Callable[..., Sequence[float]],
     *,
     success_threshold: float = 1.0,
+    keep_samples: int = 0,
 ) -> dict[str, Any]:
     """Greedy accuracy on the problems `prompts` (one greedy completion each).
 
@@ -90,7 +91,9 @@ def heldout_accuracy(
     Returns {acc, correct, n, ci_low, ci_high, reward, eval_tokens, solved}: the fraction and count
     of correct problems, its 95% Wilson interval, the mean reward, the generated tokens, and
     `solved`, a string of n "0"/"1" in problem order, so that two policies evaluated on the same
-    set compare paired (`mcnemar_exact`).
+    set compare paired (`mcnemar_exact`). With `keep_samples` > 0 also `samples`: the first
+    `keep_samples` problems as {prompt, completion, answer, reward} (answer: the task's `answer`
+    field, None without one), what a zero score is diagnosed from.
     """
     n = _check(prompts, fields)
     completions, num_tokens = _sample(sample_fn, n, 1, True)
@@ -98,6 +101,12 @@ def heldout_accuracy(
     solved = rewards >= success_threshold
     correct = int(np.sum(solved))
     lo, hi = wilson_interval(correct, n)
+    answers = fields.get("answer", [None] * n)
+    samples = [
+        {"prompt": prompts[i], "completion": completions[i][0], "answer": answers[i],
+         "reward": float(rewards[i])}
+        for i in range(min(keep_samples, n))
+    ]  # fmt: skip
     return {
         "acc": correct / n,
         "correct": correct,
@@ -107,6 +116,7 @@ def heldout_accuracy(
         "reward": float(rewards.mean()),
         "eval_tokens": num_tokens,
         "solved": "".join("1" if s else "0" for s in solved),
+        **({"samples": samples} if keep_samples > 0 else {}),
     }
 
 

@@ -16,6 +16,8 @@ from typing import Any
 import numpy as np
 
 METRICS_FILE = "metrics.jsonl"
+# Sample completions of every held-out evaluation, appended (`MetricsLogger.write_samples`).
+EVAL_SAMPLES_FILE = "eval_samples.jsonl"
 
 
 def _plain(v: Any) -> Any:
@@ -44,6 +46,7 @@ class MetricsLogger:
         if write_files:
             os.makedirs(workdir, exist_ok=True)
         self.path = os.path.join(workdir, METRICS_FILE)
+        self.samples_path = os.path.join(workdir, EVAL_SAMPLES_FILE)
         self.history: list[dict[str, Any]] = []
         self._tb = None
         self._tb_dir = os.path.join(workdir, "tb") if tensorboard and write_files else None
@@ -81,6 +84,22 @@ class MetricsLogger:
                     continue
                 self._tb.add_scalar(f"{phase}/{k}", v, global_step=int(step))
         return row
+
+    def write_samples(self, step: int, evaluation: str, samples: Iterable[dict[str, Any]]) -> None:
+        """Append one held-out evaluation's sample completions ({prompt, completion, answer,
+        reward}) to `<workdir>/eval_samples.jsonl`, one line each, tagged with `step` and
+        `evaluation` (which one: "base", "sft", "periodic", "final"). Appended, never rewritten:
+        a resumed run repeats the evaluations after its checkpoint, with their step."""
+        if not self.write_files:
+            return
+        with open(self.samples_path, "a") as f:
+            for s in samples:
+                row = {
+                    "step": int(step),
+                    "evaluation": evaluation,
+                    **{k: _plain(v) for k, v in s.items()},
+                }
+                f.write(json.dumps(row) + "\n")
 
     def close(self) -> None:
         if self._tb is not None:

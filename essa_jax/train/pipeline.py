@@ -235,10 +235,14 @@ def build_run(config, workdir: str, *, verbose: bool = True) -> Run:
     return run
 
 
-def evaluate_policy(run: Run, lora: Any) -> dict[str, Any]:
+def evaluate_policy(
+    run: Run, lora: Any, *, step: int | None = None, evaluation: str = ""
+) -> dict[str, Any]:
     """Greedy held-out accuracy of the policy `lora` (None: the base model) on the run's inference
     base (`Run.infer_params`: quantised when `model.quantize` is set), with its 95% CI and
-    per-problem `solved` string (`essa_jax.evaluation.heldout_accuracy`)."""
+    per-problem `solved` string (`essa_jax.evaluation.heldout_accuracy`). With a `step`, the
+    first `eval.samples_to_log` completions go to eval_samples.jsonl, tagged with `step` and
+    `evaluation` (`MetricsLogger.write_samples`)."""
     data = run.heldout
     sample = policy_sample_fn(
         run.sampler,
@@ -249,7 +253,11 @@ def evaluate_policy(run: Run, lora: Any) -> dict[str, Any]:
         batch_size=run.config.eval.batch_size,
         lora=lora,
     )
-    return heldout_accuracy(sample, data.prompts, data.fields, run.reward_fn)
+    keep = int(run.config.eval.samples_to_log) if step is not None else 0
+    ev = heldout_accuracy(sample, data.prompts, data.fields, run.reward_fn, keep_samples=keep)
+    if keep:
+        run.logger.write_samples(step, evaluation, ev.pop("samples"))
+    return ev
 
 
 def _sft(run: Run, key: jax.Array) -> tuple[dict, dict[str, Any]]:
@@ -275,8 +283,8 @@ def _sft(run: Run, key: jax.Array) -> tuple[dict, dict[str, Any]]:
         mesh=run.mesh,
     )
     sft_s = time.perf_counter() - t0
-    ev = evaluate_policy(run, sft_lora)
-    base = evaluate_policy(run, None) if c.eval.base_model else None
+    ev = evaluate_policy(run, sft_lora, step=0, evaluation="sft")
+    base = evaluate_policy(run, None, step=0, evaluation="base") if c.eval.base_model else None
     run.log(
         f"SFT: {c.sft.steps} steps in {sft_s:.1f}s; held-out accuracy {ev['acc']:.3f} "
         f"[{ev['ci_low']:.3f}, {ev['ci_high']:.3f}] (n={ev['n']})"
@@ -387,7 +395,7 @@ def _final_eval(run: Run, lora: Any, meta: dict) -> dict[str, Any]:
     evals = [r for r in rows if r["phase"] == "eval"]
     if evals and evals[-1]["step"] == step:
         return evals[-1]
-    ev = evaluate_policy(run, lora)
+    ev = evaluate_policy(run, lora, step=step, evaluation="final")
     run.logger.write("eval", step, wall_s=meta["wall_s"], tokens=meta["tokens"], **ev)
     return ev
 
@@ -451,7 +459,7 @@ def _run_loop(run: Run, loop, state, meta: dict, ckpt: Checkpointer):
                 run.logger.write("train", step, wall_s=wall, tokens=tokens, **m)
             post = {"reward": m["reward"]}
             if c.eval.every and step % c.eval.every == 0:
-                ev = evaluate_policy(run, loop.policy_lora(state))
+                ev = evaluate_policy(run, loop.policy_lora(state), step=step, evaluation="periodic")
                 run.logger.write("eval", step, wall_s=wall, tokens=tokens, **ev)
                 post["heldout"] = ev["acc"]
             progress.update(1, **post)
