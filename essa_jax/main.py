@@ -96,12 +96,17 @@ def define_flags(
     }
 
 
+def _flag(holders: dict[str, Any], name: str) -> bool:
+    """The value of boolean flag `name` of `holders`; False when it is not defined there."""
+    return name in holders and bool(holders[name].value)
+
+
 def run_from_flags(holders: dict[str, Any]) -> int:
     """Validate the config (exit status 2 on a bad field), then train and evaluate."""
     from essa_jax.config import ConfigError, validate_config
 
     config, workdir = holders["config"].value, holders["workdir"].value
-    dry_run = "dry_run" in holders and holders["dry_run"].value
+    dry_run = _flag(holders, "dry_run")
     if config is None or not (workdir or dry_run):
         print("error: --config and --workdir are required (see --help)", file=sys.stderr)
         return 2
@@ -130,7 +135,7 @@ def run_from_flags(holders: dict[str, Any]) -> int:
 
         train_and_evaluate(config, os.path.expanduser(workdir), resume=resume)
     except user_errors as e:
-        if holders.get("verbose_errors") is not None and holders["verbose_errors"].value:
+        if _flag(holders, "verbose_errors"):
             raise
         print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
         return 2
@@ -143,7 +148,7 @@ _HOLDERS: dict[str, Any] = {}
 def main(argv: list[str]) -> int:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    if _HOLDERS["print_config"].value:
+    if _flag(_HOLDERS, "print_config"):
         config = _HOLDERS["config"].value
         if config is None:
             print("error: --print_config needs --config (see --help)", file=sys.stderr)
@@ -151,7 +156,7 @@ def main(argv: list[str]) -> int:
         from essa_jax.config_fields import describe_config
 
         print(describe_config(config), flush=True)
-        if not _HOLDERS["dry_run"].value:
+        if not _flag(_HOLDERS, "dry_run"):
             return 0
     # Before validate_config: jax.device_count() there creates the backend, after which this
     # process could no longer join a multi-process run.
