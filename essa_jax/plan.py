@@ -25,6 +25,11 @@ Targets:
     TPU devices from `libtpu` (`pip install essa_jax[tpu]`), compiled by XLA's TPU compiler: exact
     per-device bytes, on any machine.
 
+Each row also gives the program's estimated seconds per call on the target's hardware (`--chip`,
+a GPU of `essa_jax.scaling.costmodel.HARDWARE`; none for TPU topologies), and a last line the
+estimated seconds per SFT step, ESSA generation and GRPO step: the cost model's rooflines of the
+compiled programs' bytes and the model's FLOPs (`essa_jax.plan_report`), lower bounds.
+
 The model's shape comes from `model.path`'s config.json (or GGUF header) when that exists, else from
 `model.name` (`essa_jax.models.shapes`). A program fits when its per-device bytes leave `--headroom`
 (default 10%) of the device's memory free (runtime, fragmentation, collective buffers). The command
@@ -44,6 +49,15 @@ from typing import Any
 
 import numpy as np
 
+from essa_jax.plan_report import (
+    estimate_seconds,
+    failure_message,
+    format_header,
+    format_legend,
+    format_row,
+    format_steps,
+)
+
 # Device memory of a TPU chip by type (public specifications), for --target tpu:...
 TPU_MEMORY_GB = {"v4": 32, "v5e": 16, "v5litepod": 16, "v5p": 95, "v6e": 32}
 _SINGLE_HOST_TYPE = {
@@ -54,7 +68,8 @@ _SINGLE_HOST_TYPE = {
     "v6e": "v6e-4",
 }
 DEFAULT_HEADROOM = 0.10
-GB = 1e9
+# The hardware figures (`essa_jax.scaling.costmodel.HARDWARE`) of the time estimates on GPU targets.
+DEFAULT_CHIP = "H100-SXM"
 
 
 class PlanError(ValueError):
@@ -192,6 +207,8 @@ class ProgramPlan:
     model_flops: float
     compile_s: float
     fix: str = ""
+    # Seconds of one call on the plan's chip (`plan_report.estimate_seconds`); None = no estimate.
+    est_seconds: float | None = None
 
     def row(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -631,11 +648,13 @@ def plan_config(
     headroom: float = DEFAULT_HEADROOM,
     programs: Sequence[str] | None = None,
     log: Callable[[str], None] | None = None,
+    chip: str | None = DEFAULT_CHIP,
 ) -> list[ProgramPlan]:
     """Compile every program of `config`'s run for `target`; one `ProgramPlan` per program.
 
-    `programs` restricts the plan to these names. Raises PlanError when the config is invalid for
-    the target (e.g. a mesh that does not divide its devices).
+    `programs` restricts the plan to these names; `chip` (a key of `costmodel.HARDWARE`, None =
+    no estimate) the hardware figures of each program's `est_seconds`. Raises PlanError when the
+    config is invalid for the target (e.g. a mesh that does not divide its devices).
     """
     from essa_jax.config import ConfigError, validate_config
     from essa_jax.train.pipeline import check_data_parallel
@@ -651,7 +670,7 @@ def plan_config(
     # Decode as accelerators run it (the layer scan), also when XLA's CPU compiler stands in for a
     # GPU's or the process's backend is CPU while compiling for a TPU topology.
     with decode_layers("scan"):
-        return _compile_all(config, mc, target, name, headroom, programs, log)
+        return _compile_all(config, mc, target, name, headroom, programs, log, chip)
 
 
 def compiler_options(target: Target) -> dict[str, str]:
@@ -689,7 +708,9 @@ def compiled_programs(
         yield prog, compiled, time.perf_counter() - t0
 
 
-def _compile_all(config, mc, target, name, headroom, programs, log) -> list[ProgramPlan]:
+def _compile_all(config, mc, target, name, headroom, programs, log, chip) -> list[ProgramPlan]:
+    from essa_jax.scaling.costmodel import HARDWARE
+
     out = []
     for prog, compiled, dt in compiled_programs(config, mc, target, programs):
         if compiled is None:
@@ -706,6 +727,8 @@ def _compile_all(config, mc, target, name, headroom, programs, log) -> list[Prog
                 flops=float((cost or {}).get("flops", 0.0)),
                 compile_s=round(dt, 2),
             )
+            if chip is not None:
+                plan.est_seconds = estimate_seconds(plan, config, mc, HARDWARE[chip])
         if log is not None:
             log(format_row(plan))
         out.append(plan)
@@ -753,36 +776,6 @@ def _row(
     )
 
 
-def format_header() -> str:
-    return (
-        f"{'program':<16} {'mesh':<22} {'args GB':>9} {'temp GB':>9} {'out GB':>8} "
-        f"{'total GB':>10} {'of GB':>7} {'fits':>5} {'TFLOP':>8}  chunks  (TFLOP: model_flops)"
-    )
-
-
-def format_row(p: ProgramPlan) -> str:
-    mesh = "x".join(f"{k}{v}" for k, v in p.mesh.items())
-    chunks = ", ".join(f"{k}={v}" for k, v in p.chunks.items())
-    return (
-        f"{p.program:<16} {mesh:<22} {p.argument_bytes / GB:>9.2f} {p.temp_bytes / GB:>9.2f} "
-        f"{p.output_bytes / GB:>8.2f} {p.per_device_bytes / GB:>10.2f} "
-        f"{p.device_memory_bytes / GB:>7.1f} {'yes' if p.fits else 'NO':>5} "
-        f"{p.model_flops / 1e12:>8.1f}  {chunks}"
-    )
-
-
-def failure_message(p: ProgramPlan) -> str:
-    """One line: which program does not fit, by how much, and what would make it fit."""
-    budget = (1.0 - p.headroom) * p.device_memory_bytes
-    if p.per_device_bytes == 0:  # refused before compiling; `fix` says why
-        return f"{p.program} does not fit on {p.target}: {p.fix}"
-    return (
-        f"{p.program} does not fit: {p.per_device_bytes / GB:.1f} GB per device > "
-        f"{budget / GB:.1f} GB ({1 - p.headroom:.0%} of {p.device_memory_bytes / GB:.1f} GB) "
-        f"on {p.target}; try {p.fix}"
-    )
-
-
 # -- command line -------------------------------------------------------------------------------
 
 
@@ -805,6 +798,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         "headroom", DEFAULT_HEADROOM, "Fraction of memory kept free.", flag_values=fv
     )
     flags.DEFINE_list("programs", None, "Only these programs (default: all).", flag_values=fv)
+    from essa_jax.scaling.costmodel import HARDWARE
+
+    flags.DEFINE_enum(
+        "chip",
+        DEFAULT_CHIP,
+        list(HARDWARE),
+        "Hardware figures of the time estimates (essa_jax.scaling.costmodel.HARDWARE); GPU "
+        "targets only.",
+        flag_values=fv,
+    )
+    if any(a in ("--help", "-h", "-?", "--helpshort", "--helpfull") for a in argv[1:]):
+        print(f"{__doc__}\nFlags:\n{fv.get_help(prefix='  ', include_special_flags=False)}")
+        return 0
     try:
         fv(argv)
     except flags.Error as e:
@@ -820,7 +826,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         target = make_target(fv.target or None, fv.devices, fv.device_memory_gb)
         name = os.path.splitext(os.path.basename(fv["config"].config_filename or "config"))[0]
         mc, source = plan_model_config(holder.value)
+        chip = None if target.compiler == "tpu" else fv.chip
         print(f"plan: {name} ({holder.value.method}) on {target.name}; model {source}")
+        print(format_legend(None if chip is None else HARDWARE[chip]))
         print(format_header())
         plans = plan_config(
             holder.value,
@@ -829,10 +837,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             headroom=fv.headroom,
             programs=fv.programs,
             log=lambda s: print(s, flush=True),
+            chip=chip,
         )
     except PlanError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    steps = format_steps(plans, holder.value)
+    if steps:
+        print(steps)
     if fv.json:
         os.makedirs(os.path.dirname(os.path.abspath(fv.json)), exist_ok=True)
         with open(fv.json, "w") as f:

@@ -29,6 +29,7 @@ LAYERS = {
     "train": 5,
     "main": 5,
     "plan": 5,
+    "plan_report": 5,
     "plot": 5,
 }
 # Extra rules beyond "no import from a higher layer".

@@ -128,7 +128,17 @@ def test_too_small_budget_fails_with_one_line_naming_program_and_fix():
         text=True,
     )
     assert ok.returncode == 0, ok.stderr
-    assert "essa_population" in ok.stdout and "pop4xdata1xmodel1" in ok.stdout
+    assert "essa_population" in ok.stdout and "pop=4,data=1,model=1" in ok.stdout
+    # Units on every column, the estimated time per call and per ESSA generation.
+    header = next(ln for ln in ok.stdout.splitlines() if ln.startswith("program"))
+    for column in ("args GB", "temp GB", "total GB", "TFLOP", "est s", "chunks (rows)"):
+        assert column in header, header
+    row = next(ln for ln in ok.stdout.splitlines() if ln.startswith("essa_population"))
+    # program, mesh, args, temp, out, total, of, fits, TFLOP, est s, chunks
+    est = float(row.split()[9])
+    steps = next(ln for ln in ok.stdout.splitlines() if ln.startswith("estimated per step:"))
+    assert est > 0 and f"ESSA generation {est:.3g} s" in steps, (row, steps)
+    assert "on H100-SXM" in ok.stdout
     bad = subprocess.run(
         [*cmd, "--device_memory_gb", "0.00001", "--programs", "essa_population"],
         env=env,
@@ -140,6 +150,54 @@ def test_too_small_budget_fails_with_one_line_naming_program_and_fix():
     errors = [line for line in bad.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "Traceback" not in bad.stderr
     assert "essa_population does not fit" in errors[0] and "essa.rows_per_chunk" in errors[0]
+
+
+def test_help_exits_0_with_usage_and_flags():
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    out = subprocess.run(
+        [sys.executable, "-m", "essa_jax.plan", "--help"],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "python -m essa_jax.plan --config" in out.stdout
+    for flag in ("--config", "--devices", "--device_memory_gb", "--target", "--chip", "--json"):
+        assert flag in out.stdout, flag
+
+
+def test_estimated_seconds_are_rooflines_of_the_compiled_programs():
+    """Each program's `est_seconds` lies between the cost model's roofline bounds, computed here
+    from the plan's own bytes and FLOPs: a generation reads the device's weights (its argument
+    bytes) at every one of its decode steps, and cannot beat its FLOPs at the chip's peak; and a
+    GRPO step is its rollout + scoring + epochs x minibatches updates."""
+    from essa_jax import plan_report
+    from essa_jax.scaling.costmodel import HARDWARE
+
+    chip = HARDWARE[plan_lib.DEFAULT_CHIP]
+    c = tiny_config("grpo")
+    c.grpo.epochs, c.grpo.num_minibatches, c.grpo.beta = 2, 2, 0.04  # old + reference log-probs
+    plans = plan_lib.plan_config(c, plan_lib.make_target(None, 2, 1.0))
+    by = {p.program: p for p in plans}
+    new = c.generation.max_new_tokens
+    for name in ("grpo_rollout", "heldout_eval"):
+        p = by[name]
+        reads = new * p.argument_bytes / chip.hbm_bandwidth  # the decode steps' weight reads
+        compute = p.model_flops / chip.peak_flops
+        assert max(reads, compute) <= p.est_seconds, name
+        # + the prefill's read and the KV cache (a few rows of a tiny model: < 50% more)
+        assert p.est_seconds <= 1.5 * ((new + 1) * p.argument_bytes / chip.hbm_bandwidth + compute)
+    for name in ("sft_step", "grpo_score", "grpo_update"):
+        p = by[name]
+        assert p.est_seconds >= p.model_flops / chip.peak_flops > 0, name
+    steps = plan_report.step_seconds(plans, c)
+    est = {p.program: p.est_seconds for p in plans}
+    grpo = est["grpo_rollout"] + est["grpo_score"] + 4 * est["grpo_update"]
+    assert steps == {"SFT step": est["sft_step"], "GRPO step": grpo}
+    # No hardware figures, no estimate.
+    assert all(p.est_seconds is None for p in plan_lib.plan_config(c, plan_lib.make_target(
+        None, 2, 1.0), programs=["grpo_rollout"], chip=None))  # fmt: skip
 
 
 def test_bad_target_exits_2_with_one_line():
