@@ -231,3 +231,23 @@ def test_main_joins_the_run_before_anything_else(monkeypatch):
     # The multi-process flags exist on the CLI, --coordinator as an alias.
     for name in ("coordinator_address", "coordinator", "num_processes", "process_id"):
         assert name in flags.FLAGS, name
+
+
+def test_dry_run_validates_as_the_run_does_and_reads_no_weight(cli, tmp_path, monkeypatch, capsys):
+    """--dry_run: the run's own validate_config, then exit; no workdir needed, none written, no
+    model loaded (the `cli` fixture fails the test on a load), the training never entered."""
+    from essa_jax import train
+
+    monkeypatch.setattr(
+        train, "train_and_evaluate", lambda *a, **k: pytest.fail("a dry run started the run")
+    )
+    cfg = os.path.join(CONFIGS, "grpo_smollm2_arith.py")
+    monkeypatch.chdir(tmp_path)
+    assert cli(f"--config={cfg}", "--dry_run") == 0
+    assert "config OK" in capsys.readouterr().out
+    assert cli(f"--config={cfg}", "--dry_run", "--config.grpo.batch_size=30") == 2
+    assert "config.grpo.batch_size = 30" in capsys.readouterr().err
+    assert os.listdir(tmp_path) == []
+    # Without --dry_run the same command still needs --workdir.
+    assert cli(f"--config={cfg}") == 2
+    assert "--workdir" in capsys.readouterr().err
