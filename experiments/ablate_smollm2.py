@@ -39,7 +39,7 @@ CONFIG = "experiments/configs/essa_smollm2_arith.py"
 # The table moved the default's sigma_0 from 1 to 2; every run keeps the base's 1 unless its cell
 # changes it, so the grid reproduces (and the "default" cell is that base).
 BASE_OVERRIDES: dict[str, object] = {"essa.sigma_init": 1.0}
-# The base's values, as the README names them; every factor's row includes the base run.
+# The base's values, as docs/RESULTS.md names them; every factor's row includes the base run.
 DEFAULT = {
     "sampling": "mirrored",
     "sigma_0": 1.0,
@@ -202,7 +202,8 @@ def factor_table(rows: list[dict]) -> list[dict]:
 
 
 def markdown_table(table: list[dict]) -> str:
-    """The README's ablation table: the default run once, then one line per changed setting."""
+    """The ablation table of docs/RESULTS.md: the default run once, then one line per
+    changed setting."""
     lines = [
         "| factor | value | seeds | mean held-out acc | mean gain vs SFT | per seed: acc (fixed / "
         "broken, McNemar p) |",
@@ -310,7 +311,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--python", default=os.environ.get("PY", sys.executable))
     p.add_argument("--quiet_machine", action="store_true", help="record that nothing else ran")
     p.add_argument("--report_only", action="store_true")
-    p.add_argument("--markdown", action="store_true", help="print the README table (report only)")
+    p.add_argument("--markdown", action="store_true", help="print the RESULTS.md table")
     args = p.parse_args(argv)
     os.chdir(ROOT)
     cells = args.cells.split()

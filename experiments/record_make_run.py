@@ -1,6 +1,6 @@
 """Run `make run` (the default ESSA config) in a fresh workdir and commit-ready copy its summary.
 
-The README's `make run` table quotes experiments/results/make_run.json, written here: the run's
+docs/RESULTS.md's `make run` table quotes experiments/results/make_run.json, written here: the run's
 summary.json plus when it ran, how long the whole command took, the machine's load average before
 and after (the ESSA loop is capped at 600 s of wall-clock, so a loaded machine runs fewer
 generations), and whether the operator declared the machine quiet.

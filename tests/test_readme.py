@@ -28,3 +28,40 @@ def test_readme_example_runs(index):
     finally:
         STRATEGIES.clear(), STRATEGIES.update(saved[0])
         REWARDS.clear(), REWARDS.update(saved[1])
+
+
+def _section(title: str) -> str:
+    text = README.read_text()
+    start = text.index(f"\n## {title}\n")
+    end = text.find("\n## ", start + 1)
+    return text[start : end if end > 0 else None]
+
+
+def test_readme_leads_with_a_newcomers_path():
+    """What it is, the two commands, the configs, the library quick start, extending; then the
+    results summary (the measurement record lives in docs/RESULTS.md)."""
+    headings = re.findall(r"^## (.+)$", README.read_text(), flags=re.M)
+    order = ["Two commands", "The configs", "Library quick start", "Extending", "Results"]
+    assert [h for h in headings if h in order] == order, headings
+    assert "```python" in _section("Library quick start")
+    assert "Genome units" in _section("Library quick start")
+    configs = sorted((README.parent / "experiments" / "configs").glob("*.py"))
+    assert configs and all(
+        f"experiments/configs/{c.name}" in _section("The configs") for c in configs
+    )
+
+
+def test_results_summary_traces_every_row_to_a_file_and_a_date():
+    results = README.parent / "docs" / "RESULTS.md"
+    record = results.read_text()
+    rows = [r for r in _section("Results").splitlines() if r.startswith("| ") and "---" not in r]
+    rows = rows[1:]  # the header
+    assert len(rows) >= 10
+    for row in rows:
+        files = re.findall(r"`([\w.]+\.json)`", row)
+        assert files, row
+        for name in files:
+            assert (README.parent / "experiments" / "results" / name).exists(), name
+            assert name in record, name  # the record says how it was measured
+        assert re.search(r"\| 2026-\d\d-\d\d[^|]*\|$", row), row  # the date it was measured
+    assert "(docs/RESULTS.md)" in _section("Results")

@@ -6,13 +6,13 @@ singular value of every factor (ESSA, arXiv 2507.04453) for 600 s of wall-clock.
 generation = population x prompts x (prompt + new tokens): prompts are 32 tokens and answers 2-3
 digits + EOS, so max_new_tokens is 4.
 
-Why these settings (measured on this task, see README "Results"): the useful direction from a short
+Why these settings (measured on this task, see docs/RESULTS.md): the useful direction from a short
 SFT is spread over all layers and targets (scaling every B factor by 2 lifts held-out accuracy from
 0.395 to 0.51; scaling any one target or any 6 layers gives at most +3.5 points), and candidates
 differ by about one prompt in 16. Mirrored pairs m +- sigma y with pairwise selection cancel the
 even-order part of that noise, and a large sigma_0 (relative to each SFT singular value) makes the
-odd part large enough to rank on. sigma_0 = 2 comes from the controlled ablations (README, "Why
-these defaults"; experiments/results/ablations.json): at an equal budget of 3 072 rollouts it
+odd part large enough to rank on. sigma_0 = 2 comes from the controlled ablations (docs/RESULTS.md,
+"Why these defaults"; experiments/results/ablations.json): at an equal budget of 3 072 rollouts it
 ended at 0.535 / 0.525 held-out on two search seeds, against 0.460 / 0.485 with sigma_0 = 1 and
 0.430 / 0.405 with 0.5.
 """
