@@ -5,10 +5,9 @@ the flags), `--print_config` (every field with its value and the schema's commen
 import ast
 import glob
 import os
-import subprocess
-import sys
 
 import pytest
+from test_cli_errors import run_main
 
 from essa_jax.config import base_config
 from essa_jax.config_fields import comments_of, field_comments
@@ -18,22 +17,9 @@ CONFIGS = sorted(glob.glob(os.path.join(ROOT, "experiments", "configs", "*.py"))
 GRPO = os.path.join(ROOT, "experiments", "configs", "grpo_smollm2_arith.py")
 
 
-def run_main(*args: str, cwd: str = ROOT) -> subprocess.CompletedProcess:
-    env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": ROOT}
-    env.pop("XLA_FLAGS", None)
-    return subprocess.run(
-        [sys.executable, "-m", "essa_jax.main", *args],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-
-
 @pytest.mark.parametrize("flag", ["--help", "-h", "--helpfull"])
 def test_help_exits_0_with_commands_configs_and_flags(flag):
-    out = run_main(flag)
+    out = run_main(flag, cwd=ROOT)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "python -m essa_jax.main --config" in out.stdout
     assert "python -m essa_jax.plan --config" in out.stdout
@@ -81,7 +67,7 @@ def test_field_comments_come_from_the_schema_source():
 
 
 def test_print_config_prints_every_field_with_value_and_comment():
-    out = run_main(f"--config={GRPO}", "--config.grpo.steps=7", "--print_config")
+    out = run_main(f"--config={GRPO}", "--config.grpo.steps=7", "--print_config", cwd=ROOT)
     assert out.returncode == 0, out.stderr[-2000:]
     lines = out.stdout.splitlines()
     assert "grpo.steps = 7" in lines  # the override, not the config file's value

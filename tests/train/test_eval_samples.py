@@ -5,28 +5,17 @@ import json
 import os
 import re
 
-from essa_jax.config import base_config
+from test_pipelines import tiny_config
+
 from essa_jax.train import train_and_evaluate
 from essa_jax.train.metrics import EVAL_SAMPLES_FILE, read_metrics
 
 
 def test_each_evaluation_logs_its_samples(tmp_path):
-    c = base_config()
-    c.method = "grpo"
-    c.model.path = "random:tiny"
+    c = tiny_config("grpo", steps=2)  # evaluations at step 2 (eval.every), also the final one
     c.task.reward = "char_match"  # graded partial credit: rewards differ between completions
-    c.task.num_train = 16
-    c.task.num_heldout = 4
-    c.sft.steps = 1
-    c.sft.batch_size = 4
-    c.grpo.steps = 2
-    c.grpo.batch_size = 4
-    c.grpo.group_size = 2
-    c.generation.max_new_tokens = 3
-    c.eval.every = 2
-    c.eval.batch_size = 4
     c.eval.base_model = True
-    c.eval.samples_to_log = 4  # every held-out problem: the samples' mean reward is the eval's
+    c.eval.samples_to_log = c.task.num_heldout  # all: the samples' mean reward is the eval's
     c.checkpoint.every = 0
     workdir = str(tmp_path / "run")
     train_and_evaluate(c, workdir, verbose=False)
@@ -35,7 +24,8 @@ def test_each_evaluation_logs_its_samples(tmp_path):
         rows = [json.loads(line) for line in f]
     # base and SFT at step 0, the periodic evaluation at step 2 (also the final one: not repeated)
     tags = [(r["step"], r["evaluation"]) for r in rows]
-    assert tags == [(0, "sft")] * 4 + [(0, "base")] * 4 + [(2, "periodic")] * 4, tags
+    n = c.task.num_heldout
+    assert tags == [(0, "sft")] * n + [(0, "base")] * n + [(2, "periodic")] * n, tags
     evals = [r for r in read_metrics(workdir) if r["phase"] == "eval"]
     assert len(evals) == 2  # SFT's row at step 0, the periodic one at step 2
     for ev, tag in zip(evals, ("sft", "periodic"), strict=True):
@@ -49,15 +39,7 @@ def test_each_evaluation_logs_its_samples(tmp_path):
 
 
 def test_zero_logs_nothing(tmp_path):
-    c = base_config()
-    c.method = "sft"
-    c.model.path = "random:tiny"
-    c.task.num_train = 16
-    c.task.num_heldout = 4
-    c.sft.steps = 1
-    c.sft.batch_size = 4
-    c.generation.max_new_tokens = 2
-    c.eval.batch_size = 4
+    c = tiny_config("sft")
     c.eval.samples_to_log = 0
     workdir = str(tmp_path / "run")
     train_and_evaluate(c, workdir, verbose=False)
