@@ -131,7 +131,6 @@ def test_mirrored_needs_cma_es_and_an_even_population():
         ("eval.pass_k", (1, 32)),
         ("task.prompt_format", "cot"),
         ("eval.samples_to_log", -1),
-        ("eval.samples_to_log", 2.5),
     ],
 )
 def test_bad_values_name_the_field(field, value):
