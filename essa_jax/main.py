@@ -77,7 +77,8 @@ def define_flags(
 
 def run_from_flags(holders: dict[str, Any]) -> int:
     """Validate the config (exit status 2 on a bad field), then train and evaluate."""
-    from essa_jax.config import ConfigError, validate_config
+    from essa_jax.config import ConfigError
+    from essa_jax.train.methods import validate_config
 
     config, workdir = holders["config"].value, holders["workdir"].value
     if config is None or not workdir:
