@@ -12,14 +12,14 @@ for `grpo` (N = group_size, gamma = focal_gamma, eps_low / eps_high, beta).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
-from collections.abc import Sequence
+import sys
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import ml_collections
-
-from essa_jax.models.loading import RANDOM_PREFIX
 
 DTYPES = ("auto", "float32", "bfloat16")
 # Placeholder for configs that need a user's local checkpoint or dataset: fails validation.
@@ -312,6 +312,8 @@ def _check_model_path(path: str) -> None:
             "'random:<preset>'",
             "set --config.model.path=/path/to/checkpoint (nothing is downloaded at run time)",
         )
+    from essa_jax.models.loading import RANDOM_PREFIX
+
     if path.startswith(RANDOM_PREFIX):
         from essa_jax.models.tiny import TINY_PRESETS
 
@@ -608,8 +610,22 @@ def device_count() -> int:
     return jax.device_count()
 
 
+@contextlib.contextmanager
+def config_dir_on_path(path: str) -> Iterator[None]:
+    """The directory of config file `path` first on sys.path while loading it, so a module beside
+    it (a user's strategy, weighting, reward or method, registered on import) imports by name."""
+    folder = os.path.dirname(os.path.abspath(path))
+    sys.path.insert(0, folder)
+    try:
+        yield
+    finally:
+        if folder in sys.path:
+            sys.path.remove(folder)
+
+
 def load_config_file(path: str, *args: str) -> ml_collections.ConfigDict:
-    """`get_config(*args)` of a config file; configs build on one another with it, e.g.
+    """`get_config(*args)` of a config file (its directory on sys.path meanwhile:
+    `config_dir_on_path`); configs build on one another with it, e.g.
     `load_config_file(os.path.join(os.path.dirname(__file__), "grpo_smollm2_arith.py"))`."""
     import importlib.util
 
@@ -619,5 +635,6 @@ def load_config_file(path: str, *args: str) -> ml_collections.ConfigDict:
     if spec is None or spec.loader is None:
         raise FileNotFoundError(f"no config file at {path}")
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.get_config(*args)
+    with config_dir_on_path(path):
+        spec.loader.exec_module(module)
+        return module.get_config(*args)

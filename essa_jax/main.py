@@ -15,6 +15,7 @@ directory; process 0 writes the logs and results, every process takes part in ch
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from collections.abc import Sequence
@@ -185,8 +186,12 @@ def parse_flags(argv: list[str], flag_values: flags.FlagValues = flags.FLAGS) ->
         # ml_collections would defer this to the first use of the config, as a traceback.
         print(f"error: --config {path}: no such file (experiments/configs/*.py)", file=sys.stderr)
         sys.exit(2)
+    from essa_jax.config import config_dir_on_path
+
     try:
-        return flag_values(argv)
+        # The config file imports its neighbours (a user's strategy / weighting / method module).
+        with contextlib.nullcontext() if path is None else config_dir_on_path(path):
+            return flag_values(argv)
     except Exception as e:  # ml_collections raises AttributeError / KeyError for unknown fields
         message = unknown_override(argv) or " ".join(str(e).split())
         print(f"error: {message}", file=sys.stderr)

@@ -40,8 +40,9 @@ from essa_jax.checkpointing import (
     WorkdirError,
     restore_checkpointer_with_fallback,
 )
-from essa_jax.config import RANDOM_PREFIX, search_seed
+from essa_jax.config import search_seed
 from essa_jax.evaluation import heldout_accuracy, heldout_pass_at_k
+from essa_jax.models.loading import RANDOM_PREFIX
 from essa_jax.train import summary as summary_lib
 from essa_jax.train.methods import check_rows, get_method, validate_config
 from essa_jax.train.metrics import MetricsLogger, Progress
