@@ -140,3 +140,29 @@ def test_unknown_field_in_a_config_file(user_dir, tmp_path):
     proc = run_main(config, tmp_path / "w", *TINY)
     one_line_exit_2(proc, "config.grpo.weightng", "did you mean 'weighting'")
     assert not (tmp_path / "w" / "config.json").exists()  # nothing written
+
+
+def test_strategy_args_are_checked_by_building_the_strategy():
+    """A built-in strategy's own settings are reachable from the config (CMA-ES's num_parents);
+    an argument it does not take, or one the run sets, is a ConfigError on the field."""
+    from essa_jax.config import ConfigError, base_config
+    from essa_jax.train import validate_config
+    from essa_jax.train.essa import make_strategy
+
+    c = base_config()
+    c.model.path = "random:tiny"
+    c.essa.population_size = 8
+    c.essa.strategy_args = {"num_parents": 2, "eigen_interval": 3}
+    validate_config(c, num_devices=1)
+    strategy = make_strategy(c.essa, 10)
+    assert (strategy.num_parents, strategy.eigen_interval, strategy.sigma_init) == (2, 3, 0.1)
+    for args, words in (
+        ({"bogus": 1}, ("bogus",)),
+        ({"num_parents": 9}, ("num_parents",)),  # more parents than the population of 8
+        ({"sigma_init": 0.5}, ("sigma_init", "config.essa's own fields")),
+    ):
+        c.essa.strategy_args = args
+        with pytest.raises(ConfigError) as e:
+            validate_config(c, num_devices=1)
+        assert e.value.field == "essa.strategy_args", str(e.value)
+        assert all(w in str(e.value) for w in words), str(e.value)
