@@ -135,7 +135,7 @@ def main(argv: list[str]) -> int:
     return rc
 
 
-def _config_path(argv: Sequence[str]) -> str | None:
+def config_file_path(argv: Sequence[str]) -> str | None:
     """The config file of `--config=FILE[:args]` / `--config FILE` in argv (None if absent)."""
     path = next((a.split("=", 1)[1] for a in argv if a.startswith("--config=")), None)
     if path is None and "--config" in argv[:-1]:
@@ -150,7 +150,7 @@ def unknown_override(argv: Sequence[str]) -> str | None:
 
     from essa_jax.config import load_config_file
 
-    path = _config_path(argv)
+    path = config_file_path(argv)
     if path is None:
         return None
     try:
@@ -181,7 +181,7 @@ def unknown_override(argv: Sequence[str]) -> str | None:
 def parse_flags(argv: list[str], flag_values: flags.FlagValues = flags.FLAGS) -> list[str]:
     """absl's flag parsing, with a user's mistake on the command line (an unknown config field, a
     value of the wrong type, a missing config file) ending in one line on stderr and exit 2."""
-    path = _config_path(argv)
+    path = config_file_path(argv)
     if path is not None and not os.path.isfile(path):
         # ml_collections would defer this to the first use of the config, as a traceback.
         print(f"error: --config {path}: no such file (experiments/configs/*.py)", file=sys.stderr)

@@ -33,6 +33,7 @@ exits 1 when one does not, naming the program and the settings that would make i
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -593,8 +594,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         "headroom", DEFAULT_HEADROOM, "Fraction of memory kept free.", flag_values=fv
     )
     flags.DEFINE_list("programs", None, "Only these programs (default: all).", flag_values=fv)
+    from essa_jax.config import config_dir_on_path
+    from essa_jax.main import config_file_path
+
+    path = config_file_path(argv)
     try:
-        fv(argv)
+        # The config file imports its neighbours (a user's strategy / weighting / method module).
+        with contextlib.nullcontext() if path is None else config_dir_on_path(path):
+            fv(argv)
     except flags.Error as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -166,3 +166,23 @@ def test_strategy_args_are_checked_by_building_the_strategy():
             validate_config(c, num_devices=1)
         assert e.value.field == "essa.strategy_args", str(e.value)
         assert all(w in str(e.value) for w in words), str(e.value)
+
+
+def test_the_plan_imports_the_config_files_neighbours(user_dir, tmp_path):
+    """`python -m essa_jax.plan` loads the user's config like the run does (its modules beside
+    it) and plans the user's method's programs: GRPO's, with the preset weighting."""
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(ROOT)}
+    env.pop("XLA_FLAGS", None)
+    proc = subprocess.run(
+        [sys.executable, "-m", "essa_jax.plan", f"--config={user_dir / 'my_grpo_config.py'}",
+         *TINY, "--config.method=hard_grpo", "--devices=1", "--device_memory_gb=1"],
+        cwd=str(tmp_path),
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "(hard_grpo)" in proc.stdout
+    for program in ("sft_step", "grpo_rollout", "grpo_update", "heldout_eval"):
+        assert program in proc.stdout, proc.stdout

@@ -171,8 +171,6 @@ def check_essa_section(config: Any, model_config: Any = None) -> None:
 class ESSALoop:
     """init_state / step / policy for the ESSA method."""
 
-    name = "essa"
-
     def __init__(self, run: Any):
         self.run = run
         c = run.config

@@ -160,7 +160,6 @@ class GRPOLoop:
     def __init__(self, run: Any, variant: GRPOVariant):
         self.run = run
         c = run.config
-        self.name = c.method
         self.total_steps = c.grpo.steps
         self.num_prompts = c.grpo.batch_size // c.grpo.group_size
         self.svd = variant.svd
