@@ -3,8 +3,10 @@
 Every file in `experiments/configs/` starts from `base_config()` (all fields, with defaults and a
 comment each), overrides what the experiment needs and returns the result from `get_config()`.
 `essa_jax.main` locks the config (ml_collections refuses an unknown `--config.x=...` field)
-and calls `validate_config` before any model is loaded or any function compiled: a wrong field
-fails in a second with a message naming the field, the value given and the values that are valid.
+and calls `essa_jax.train.validate_config` before any model is loaded or any function compiled:
+`check_fields` here (the schema, `check_schema`, and every field no method owns), then the
+method object's checks of its own section. A wrong field fails in a second with a message naming
+the field, the value given and the values that are valid.
 
 Symbols follow the papers: ESSA (arXiv 2507.04453) for `lora` / `essa`, F-GRPO (arXiv 2602.06717)
 for `grpo` (N = group_size, gamma = focal_gamma, eps_low / eps_high, beta).
