@@ -3,8 +3,10 @@
 Every file in `experiments/configs/` starts from `base_config()` (all fields, with defaults and a
 comment each), overrides what the experiment needs and returns the result from `get_config()`.
 `essa_jax.main` locks the config (ml_collections refuses an unknown `--config.x=...` field)
-and calls `validate_config` before any model is loaded or any function compiled: a wrong field
-fails in a second with a message naming the field, the value given and the values that are valid.
+and calls `essa_jax.train.validate_config` before any model is loaded or any function compiled:
+`check_fields` here (the schema, `check_schema`, and every field no method owns), then the
+method object's checks of its own section. A wrong field fails in a second with a message naming
+the field, the value given and the values that are valid.
 
 Symbols follow the papers: ESSA (arXiv 2507.04453) for `lora` / `essa`, F-GRPO (arXiv 2602.06717)
 for `grpo` (N = group_size, gamma = focal_gamma, eps_low / eps_high, beta).
@@ -12,20 +14,18 @@ for `grpo` (N = group_size, gamma = focal_gamma, eps_low / eps_high, beta).
 
 from __future__ import annotations
 
+import contextlib
 import functools
-import json
 import os
-from collections.abc import Sequence
+import sys
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import ml_collections
 
-METHODS = ("essa", "grpo", "fgrpo", "svdgrpo", "sft")
 DTYPES = ("auto", "float32", "bfloat16")
-PROMPT_SAMPLINGS = ("shared", "per_candidate")
 # Placeholder for configs that need a user's local checkpoint or dataset: fails validation.
 UNSET = "<set me>"
-RANDOM_PREFIX = "random:"
 
 
 class ConfigError(ValueError):
@@ -42,8 +42,10 @@ class ConfigError(ValueError):
 def base_config() -> ml_collections.ConfigDict:
     """Every field an experiment may set, with defaults (the small SmolLM2 CPU run)."""
     c = ml_collections.ConfigDict()
+    # A name of the method registry (essa_jax.train.methods; `register_method` adds one):
     # "essa": SFT LoRA -> SVD -> CMA-ES on singular values (ESSA, Alg. 1).
-    # "grpo" / "fgrpo": SFT LoRA -> GRPO on the LoRA factors (fgrpo = focal weights, gamma > 0).
+    # "grpo": SFT LoRA -> GRPO on the LoRA factors; "fgrpo" = "grpo" with grpo.weighting "focal"
+    #         (F-GRPO; focal_gamma > 0).
     # "svdgrpo": SFT LoRA -> SVD -> GRPO gradients on the same singular values ESSA evolves
     #            (ESSA's SVD-GRPO baseline, Sec. 5). "sft": SFT only, then evaluate.
     c.method = "essa"
@@ -127,7 +129,14 @@ def base_config() -> ml_collections.ConfigDict:
     c.sft.micro_batch_size = 0
 
     c.essa = ml_collections.ConfigDict()
-    c.essa.strategy = "cma_es"  # any name of essa_jax.es.get_strategy
+    # A name of the strategy registry (essa_jax.es.STRATEGIES: "cma_es", "sep_cma_es",
+    # "openai_es", or one a module the config file imports registers with register_strategy).
+    c.essa.strategy = "cma_es"
+    # The strategy's own constructor arguments beyond the fields below (num_dims and
+    # population_size come from the run), e.g. {"decay": 0.97} for a user's strategy; checked by
+    # building the strategy before any weight is read. Set it in the config file: a key that
+    # exists there can then be overridden with --config.essa.strategy_args.<key>=...
+    c.essa.strategy_args = {}
     # CMA-ES only: sample population_size / 2 mirrored pairs m +- sigma y and keep the better of
     # each pair (essa_jax.es.cma_es): robust to the coarse, noisy fitness of a few prompts.
     c.essa.mirrored = False
@@ -198,8 +207,14 @@ def base_config() -> ml_collections.ConfigDict:
     c.grpo.adv_scale = "group"
     c.grpo.adv_eps = 1e-6  # added to the reward std (outside the square root)
     c.grpo.adv_ddof = 1  # 1 = Bessel-corrected std (TRL), 0 = population std
-    # Focal exponent gamma of F-GRPO: advantages of a group times (1 - mu)^gamma (the advantage
-    # weighting "focal", used by method "fgrpo"); 0 = GRPO.
+    # Advantage weighting, a name of essa_jax.rl.weighting_names(): "none" (GRPO), "focal"
+    # (F-GRPO's (1 - mu)^gamma; method "fgrpo" selects it), or one a module the config file
+    # imports registers with essa_jax.rl.register_weighting.
+    c.grpo.weighting = "none"
+    # The weighting's own parameters, read by it as GRPOConfig.weighting_kwargs (e.g.
+    # {"threshold": 0.5}); set in the config file, like essa.strategy_args.
+    c.grpo.weighting_args = {}
+    # Focal exponent gamma of weighting "focal": a group's advantages times (1 - mu)^gamma.
     c.grpo.focal_gamma = 0.0
     # Rewards of a correct / wrong rollout: define the success rate mu of the focal weight.
     c.grpo.r_correct = 1.0
@@ -268,38 +283,13 @@ def model_dims(config) -> dict[str, tuple[int, int]] | None:
 
 @functools.lru_cache(maxsize=16)
 def peek_model_config(path: str):
-    """The ModelConfig of `path` without reading weights; None if it needs a full load."""
-    from essa_jax.models.config import ModelConfig
+    """`essa_jax.models.peek_model_config(path)`, memoised: validation reads a header once."""
+    from essa_jax.models.loading import peek_model_config as peek
 
-    if path.startswith(RANDOM_PREFIX):
-        from essa_jax.models.tiny import tiny_model_config
-
-        return tiny_model_config(path[len(RANDOM_PREFIX) :])
-    if os.path.isdir(path) and os.path.exists(os.path.join(path, "config.json")):
-        with open(os.path.join(path, "config.json")) as f:
-            return ModelConfig.from_hf_dict(json.load(f))
-    from essa_jax.models.hub import resolve_name
-
-    resolved = resolve_name(path)
-    if resolved.is_file() and resolved.suffix == ".gguf":
-        # GGUF header only: the reader memory-maps tensors, nothing is dequantised.
-        import gguf
-
-        from essa_jax.models.loading import CheckpointError, gguf_config
-
-        try:
-            reader = gguf.GGUFReader(str(resolved))
-        except (ValueError, OSError) as e:  # not GGUF, or truncated
-            raise CheckpointError(
-                f"{resolved}: not a readable GGUF file ({e}); model.path takes a llama.cpp .gguf "
-                "file, a Hugging Face checkpoint directory (config.json + *.safetensors), "
-                "'smollm2-135m-instruct' or 'random:<preset>'"
-            ) from None
-        return gguf_config(reader)
-    return None
+    return peek(path)
 
 
-def _peek_or_none(path: str):
+def peek_or_none(path: str):
     """`peek_model_config(path)`, or None when the shape cannot be read without the weights."""
     try:
         return peek_model_config(path)
@@ -307,12 +297,12 @@ def _peek_or_none(path: str):
         return None
 
 
-def _check_choice(field: str, value: Any, choices: Sequence[Any]) -> None:
+def check_choice(field: str, value: Any, choices: Sequence[Any]) -> None:
     if value not in choices:
         raise ConfigError(field, value, " | ".join(repr(c) for c in choices))
 
 
-def _check_positive(field: str, value: Any, *, allow_zero: bool = False) -> None:
+def check_positive(field: str, value: Any, *, allow_zero: bool = False) -> None:
     ok = isinstance(value, int | float) and (value >= 0 if allow_zero else value > 0)
     if not ok:
         raise ConfigError(field, value, "numbers >= 0" if allow_zero else "numbers > 0")
@@ -327,10 +317,12 @@ def _check_model_path(path: str) -> None:
             "'random:<preset>'",
             "set --config.model.path=/path/to/checkpoint (nothing is downloaded at run time)",
         )
+    from essa_jax.models.loading import RANDOM_PREFIX
+
     if path.startswith(RANDOM_PREFIX):
         from essa_jax.models.tiny import TINY_PRESETS
 
-        _check_choice("model.path", path, [RANDOM_PREFIX + p for p in TINY_PRESETS])
+        check_choice("model.path", path, [RANDOM_PREFIX + p for p in TINY_PRESETS])
         return
     from essa_jax.models.hub import resolve_name
 
@@ -358,7 +350,7 @@ def check_task_config(task, *, check_paths: bool = True) -> None:
         raise ConfigError(
             "task.prompt_format", task.prompt_format, " | ".join(map(repr, PROMPT_FORMATS))
         )
-    _check_choice("task.on_malformed", task.on_malformed, ("error", "skip"))
+    check_choice("task.on_malformed", task.on_malformed, ("error", "skip"))
     if task.reward and task.reward not in REWARDS:
         raise ConfigError("task.reward", task.reward, "'' (by format) | " + " | ".join(REWARDS))
     if (is_generated_task(task.name) and not task.path) or not check_paths:
@@ -426,13 +418,13 @@ def check_quantization(model, model_config: Any = None) -> None:
     again with the loaded model's shape, for checkpoints whose header validation could not read."""
     from essa_jax.models.quant import QUANT_MODES, check_group
 
-    _check_choice("model.quantize", model.quantize, QUANT_MODES)
+    check_choice("model.quantize", model.quantize, QUANT_MODES)
     group = model.quant_group
     if isinstance(group, bool) or not isinstance(group, int) or group < 1:
         raise ConfigError("model.quant_group", group, "integers >= 1 (32 = GGUF's block)")
     if model.quantize != "int4":
         return
-    shape = model_config if model_config is not None else _peek_or_none(model.path)
+    shape = model_config if model_config is not None else peek_or_none(model.path)
     if shape is not None:
         try:
             check_group(shape, group)
@@ -441,8 +433,11 @@ def check_quantization(model, model_config: Any = None) -> None:
             raise ConfigError("model.quant_group", group, valid) from None
 
 
-def validate_config(config, num_devices: int | None = None, *, model_config: Any = None) -> None:
-    """Check every field against the others and the model's dims; raise ConfigError on the first.
+def check_fields(config, num_devices: int | None = None, *, model_config: Any = None) -> None:
+    """Check the schema (`check_schema`) and every field no method owns (model, task, lora, sft,
+    mesh, eval, checkpoint) against the others and the model's dims; raise ConfigError on the
+    first. The method's own section is its object's to check: `essa_jax.train.validate_config`
+    calls this, then the method (docs/ARCHITECTURE.md, "Configuration").
 
     Runs before any weight is loaded or any function compiled. `num_devices` defaults to
     `jax.device_count()`: the run's one mesh spans every process's devices. `model_config` (a
@@ -450,22 +445,22 @@ def validate_config(config, num_devices: int | None = None, *, model_config: Any
     checkpoint nor the task's data files need exist (the ahead-of-time plan of a cluster's run,
     `essa_jax.plan`).
     """
-    _check_choice("method", config.method, METHODS)
-    _check_choice("model.dtype", config.model.dtype, DTYPES)
+    check_schema(config)
+    check_choice("model.dtype", config.model.dtype, DTYPES)
     if model_config is None:
         _check_model_path(config.model.path)
     if not isinstance(config.seed, int):
         raise ConfigError("seed", config.seed, "integers")
     if not isinstance(config.search_seed, int) or config.search_seed < -1:
         raise ConfigError("search_seed", config.search_seed, "-1 (= seed) or integers >= 0")
-    _check_positive("max_wall_seconds", config.max_wall_seconds, allow_zero=True)
+    check_positive("max_wall_seconds", config.max_wall_seconds, allow_zero=True)
 
     # Task.
     check_task_config(config.task, check_paths=model_config is None)
-    _check_positive("task.num_train", config.task.num_train)
-    _check_positive("task.num_heldout", config.task.num_heldout)
-    _check_positive("task.max_prompt_tokens", config.task.max_prompt_tokens)
-    _check_positive("generation.max_new_tokens", config.generation.max_new_tokens)
+    check_positive("task.num_train", config.task.num_train)
+    check_positive("task.num_heldout", config.task.num_heldout)
+    check_positive("task.max_prompt_tokens", config.task.max_prompt_tokens)
+    check_positive("generation.max_new_tokens", config.generation.max_new_tokens)
 
     # LoRA: the targets are the model's projections.
     from essa_jax.models.config import PROJECTIONS
@@ -479,7 +474,7 @@ def validate_config(config, num_devices: int | None = None, *, model_config: Any
         raise ConfigError("lora.targets", targets, f"non-empty distinct subsets of {PROJECTIONS}")
     if not isinstance(config.lora.rank, int) or config.lora.rank < 1:
         raise ConfigError("lora.rank", config.lora.rank, "integers >= 1")
-    _check_positive("lora.alpha", config.lora.alpha)
+    check_positive("lora.alpha", config.lora.alpha)
     dims = model_config.projection_shapes() if model_config is not None else model_dims(config)
     if dims is not None:
         max_rank = min(min(dims[t]) for t in targets)
@@ -493,130 +488,57 @@ def validate_config(config, num_devices: int | None = None, *, model_config: Any
     # SFT.
     if not isinstance(config.sft.steps, int) or config.sft.steps < 0:
         raise ConfigError("sft.steps", config.sft.steps, "integers >= 0")
-    if config.method in ("essa", "svdgrpo", "sft") and config.sft.steps == 0:
-        raise ConfigError(
-            "sft.steps",
-            0,
-            "integers >= 1 for method " + repr(config.method),
-            "ESSA needs an SFT warm start: singular values of a zero-initialised LoRA B are all 0",
-        )
-    _check_positive("sft.batch_size", config.sft.batch_size)
+    check_positive("sft.batch_size", config.sft.batch_size)
     mbs = config.sft.micro_batch_size
     if not isinstance(mbs, int) or isinstance(mbs, bool) or mbs < 0:
         raise ConfigError("sft.micro_batch_size", mbs, "integers >= 0 (rows per device; 0 = all)")
     if not isinstance(config.model.remat, bool):
         raise ConfigError("model.remat", config.model.remat, "True | False")
     check_quantization(config.model, model_config)
-    _check_positive("sft.learning_rate", config.sft.learning_rate)
+    check_positive("sft.learning_rate", config.sft.learning_rate)
 
-    num_devices = _device_count() if num_devices is None else num_devices
+    num_devices = device_count() if num_devices is None else num_devices
     shape = model_config
     if shape is None and config.mesh.model != 1:
-        shape = _peek_or_none(config.model.path)  # else checked after loading (ESSALoop)
+        shape = peek_or_none(config.model.path)  # else checked after loading (ESSALoop)
     _check_mesh(config.mesh, num_devices, shape)
-    if config.method == "essa":
-        e = config.essa
-        from essa_jax.es import get_strategy  # noqa: F401 - import error names the missing package
-
-        if not isinstance(e.population_size, int) or e.population_size < 2:
-            raise ConfigError("essa.population_size", e.population_size, "integers >= 2")
-        _check_choice("essa.prompt_sampling", e.prompt_sampling, PROMPT_SAMPLINGS)
-        _check_positive("essa.learning_rate", e.learning_rate)
-        if e.mirrored and e.strategy != "cma_es":
-            raise ConfigError(
-                "essa.mirrored", e.mirrored, "False for strategy " + repr(e.strategy),
-                "mirrored pairs with pairwise selection are implemented for 'cma_es' "
-                "(openai_es is antithetic already)",
-            )  # fmt: skip
-        if e.mirrored and e.population_size % 2:
-            raise ConfigError(
-                "essa.population_size", e.population_size, "even sizes with essa.mirrored=True"
-            )
-        _check_positive("essa.prompts_per_candidate", e.prompts_per_candidate)
-        _check_positive("essa.generations", e.generations)
-        rpc = e.rows_per_chunk
-        if isinstance(rpc, bool) or not isinstance(rpc, int) or rpc < 0:
-            raise ConfigError(
-                "essa.rows_per_chunk", rpc, "integers >= 0 (0 = chosen from device memory)"
-            )
-        _check_positive("essa.sigma_init", e.sigma_init)
-        if not 0.0 < e.alpha <= 1.0:
-            raise ConfigError("essa.alpha", e.alpha, "0 < alpha <= 1")
-        if e.alpha * config.lora.rank < 1:
-            raise ConfigError(
-                "essa.alpha", e.alpha, f">= 1/rank = {1 / config.lora.rank:g} (at least one value)"
-            )
-    if config.method in ("grpo", "fgrpo", "svdgrpo"):
-        g = config.grpo
-        _check_positive("grpo.steps", g.steps)
-        if config.method in ("grpo", "svdgrpo") and g.focal_gamma != 0:
-            raise ConfigError(
-                "grpo.focal_gamma",
-                g.focal_gamma,
-                f"0 for method {config.method!r}",
-                "focal weights make it F-GRPO: use --config.method=fgrpo",
-            )
-        if config.method == "fgrpo" and g.focal_gamma == 0:
-            raise ConfigError(
-                "grpo.focal_gamma", 0.0, "> 0 for method 'fgrpo' (0 is plain GRPO)", "e.g. 0.5"
-            )
-        # The RL settings validate themselves: GRPOConfig's error names its field.
-        from essa_jax.rl import GRPOConfigError
-
-        try:
-            grpo_config(config)
-        except GRPOConfigError as e:
-            field = GRPO_CONFIG_FIELDS.get(e.field, "grpo." + e.field)
-            raise ConfigError(field, e.value, e.valid, e.hint) from e
-        if not isinstance(g.batch_size, int) or g.batch_size % g.group_size or g.batch_size <= 0:
-            raise ConfigError(
-                "grpo.batch_size",
-                g.batch_size,
-                f"positive multiples of grpo.group_size={g.group_size}",
-            )
-        if g.batch_size % g.num_minibatches:
-            raise ConfigError(
-                "grpo.num_minibatches",
-                g.num_minibatches,
-                f"divisors of grpo.batch_size={g.batch_size} (the rollouts of a step)",
-            )
     ev = config.eval
-    _check_positive("eval.every", ev.every, allow_zero=True)
-    _check_positive("eval.pass_k_samples", ev.pass_k_samples, allow_zero=True)
+    check_positive("eval.every", ev.every, allow_zero=True)
+    check_positive("eval.pass_k_samples", ev.pass_k_samples, allow_zero=True)
     if ev.pass_k_samples:
         ks = tuple(ev.pass_k)
         if not ks or any((not isinstance(k, int)) or k < 1 or k > ev.pass_k_samples for k in ks):
             raise ConfigError(
                 "eval.pass_k", ks, f"non-empty tuples of ints in 1..{ev.pass_k_samples}"
             )
-    _check_positive("eval.batch_size", ev.batch_size)
+    check_positive("eval.batch_size", ev.batch_size)
     if isinstance(ev.samples_to_log, bool) or not isinstance(ev.samples_to_log, int):
         raise ConfigError("eval.samples_to_log", ev.samples_to_log, "integers >= 0 (0 = none)")
-    _check_positive("eval.samples_to_log", ev.samples_to_log, allow_zero=True)
-    _check_positive("checkpoint.every", config.checkpoint.every, allow_zero=True)
-    _check_positive("checkpoint.keep", config.checkpoint.keep)
-    # Last: the batch fields it reads are valid by now. Micro-batches count rows per device.
-    check_micro_batches(config, num_devices // config.mesh.model if num_devices > 1 else 1)
+    check_positive("eval.samples_to_log", ev.samples_to_log, allow_zero=True)
+    check_positive("checkpoint.every", config.checkpoint.every, allow_zero=True)
+    check_positive("checkpoint.keep", config.checkpoint.keep)
+
+
+def data_axis(config, num_devices: int) -> int:
+    """Devices along the data axis of SFT's and GRPO's mesh (`train.pipeline.
+    data_parallel_mesh`): num_devices / mesh.model, 1 on one device."""
+    return num_devices // config.mesh.model if num_devices > 1 else 1
 
 
 # Where the experiment config holds each essa_jax.rl.GRPOConfig field other than grpo.<same name>.
-# "method": the weighting is "focal" for method "fgrpo", else "none" (validate_config checks that
-# focal_gamma is > 0 exactly for fgrpo).
 GRPO_CONFIG_FIELDS = {
     "advantage": "grpo.adv_scale",
     "gamma": "grpo.focal_gamma",
     "max_new_tokens": "generation.max_new_tokens",
     "remat": "model.remat",
-    "weighting": "method",
 }
 
 
 def check_micro_batches(config, data: int) -> None:
-    """`sft.micro_batch_size` and `grpo.micro_batch_size` against the rows each device holds: they
-    count rows per device (ceil(batch / data) on a mesh with `data` devices along its data axis,
-    docs/ARCHITECTURE.md "Data-parallel GRPO and SFT"); raises ConfigError naming the field."""
-    from essa_jax.rl import GRPOConfigError
-
+    """`sft.micro_batch_size` against the rows each device holds: it counts rows per device
+    (ceil(batch / data) on a mesh with `data` devices along its data axis, docs/ARCHITECTURE.md
+    "Data-parallel GRPO and SFT"); raises ConfigError naming the field. A method checks its own
+    micro-batches (`essa_jax.train.methods.check_rows`)."""
     mbs, batch = int(config.sft.micro_batch_size), int(config.sft.batch_size)
     per_device = -(-batch // data)
     if mbs and per_device % mbs:
@@ -627,43 +549,91 @@ def check_micro_batches(config, data: int) -> None:
             f"sft.batch_size={batch}",
             "micro_batch_size counts rows per device",
         )
-    if config.method in ("grpo", "fgrpo", "svdgrpo"):
-        try:
-            grpo_config(config).check_batch(int(config.grpo.batch_size), data)
-        except GRPOConfigError as e:
-            raise ConfigError(f"grpo.{e.field}", e.value, e.valid, e.hint) from e
 
 
-def grpo_config(config):
+def grpo_config(config, *, weighting: str | None = None):
     """The essa_jax.rl.GRPOConfig of an experiment config: every field of it, read mechanically
-    from `config.grpo.<field>` or the place GRPO_CONFIG_FIELDS names. Raises GRPOConfigError (a
-    ValueError naming the GRPOConfig field) on an invalid value; validate_config turns it into a
-    ConfigError naming the config field."""
+    from `config.grpo.<field>` or the place GRPO_CONFIG_FIELDS names (`grpo.weighting_args`, a
+    dict, becomes the hashable `weighting_args` pairs). `weighting` overrides `grpo.weighting`:
+    a method preset's (method "fgrpo" = "focal"). Raises GRPOConfigError (a ValueError naming the
+    GRPOConfig field) on an invalid value; the method's validation turns it into a ConfigError
+    naming the config field."""
     import dataclasses
 
     from essa_jax.rl import GRPOConfig
 
-    kwargs = {}
+    kwargs: dict[str, Any] = {}
     for f in dataclasses.fields(GRPOConfig):
-        path = GRPO_CONFIG_FIELDS.get(f.name, "grpo." + f.name)
-        if path == "method":
-            kwargs[f.name] = "focal" if config.method == "fgrpo" else "none"
-            continue
-        block, name = path.split(".")
+        block, name = GRPO_CONFIG_FIELDS.get(f.name, "grpo." + f.name).split(".")
         if name not in config[block]:
-            raise KeyError(f"GRPOConfig.{f.name} has no config field {path}: add it to base_config")
+            raise KeyError(f"GRPOConfig.{f.name} has no config field {block}.{name}: add it")
         kwargs[f.name] = config[block][name]
+    kwargs["weighting_args"] = tuple(sorted(dict(config.grpo.weighting_args).items()))
+    if weighting is not None:
+        kwargs["weighting"] = weighting
     return GRPOConfig(**kwargs)
 
 
-def _device_count() -> int:
+# Fields whose value is a free dict (an extension's own parameters): the schema lock stops at them.
+FREE_FIELDS = ("essa.strategy_args", "grpo.weighting_args")
+
+
+def check_schema(config) -> None:
+    """Every field of `config` exists in `base_config()` (ConfigError naming the first that does
+    not, with the nearest valid names): a config file is held to the schema as the command line
+    is (ml_collections' lock only guards overrides). The dicts of FREE_FIELDS are not walked."""
+    import difflib
+
+    def walk(node: Any, schema: Any, prefix: str) -> None:
+        for key in node.keys():
+            path = prefix + key
+            if key not in schema:
+                near = difflib.get_close_matches(key, list(schema.keys()), n=3, cutoff=0.5)
+                hint = f"did you mean {' or '.join(map(repr, near))}? " if near else ""
+                where = "config" + ("." + prefix[:-1] if prefix else "")
+                raise ConfigError(
+                    path,
+                    node[key],
+                    f"the fields of {where}: {', '.join(sorted(schema.keys()))}",
+                    f"{where} has no field {key!r}; {hint}all fields: essa_jax/config.py "
+                    "base_config",
+                )
+            if path in FREE_FIELDS:
+                continue
+            if isinstance(schema[key], ml_collections.ConfigDict) and hasattr(node[key], "keys"):
+                walk(node[key], schema[key], path + ".")
+
+    walk(config, _schema(), "")
+
+
+@functools.lru_cache(maxsize=1)
+def _schema() -> ml_collections.ConfigDict:
+    return base_config()
+
+
+def device_count() -> int:
+    """Devices of all processes (`jax.device_count()`): the run's one mesh spans them."""
     import jax
 
     return jax.device_count()
 
 
+@contextlib.contextmanager
+def config_dir_on_path(path: str) -> Iterator[None]:
+    """The directory of config file `path` first on sys.path while loading it, so a module beside
+    it (a user's strategy, weighting, reward or method, registered on import) imports by name."""
+    folder = os.path.dirname(os.path.abspath(path))
+    sys.path.insert(0, folder)
+    try:
+        yield
+    finally:
+        if folder in sys.path:
+            sys.path.remove(folder)
+
+
 def load_config_file(path: str, *args: str) -> ml_collections.ConfigDict:
-    """`get_config(*args)` of a config file; configs build on one another with it, e.g.
+    """`get_config(*args)` of a config file (its directory on sys.path meanwhile:
+    `config_dir_on_path`); configs build on one another with it, e.g.
     `load_config_file(os.path.join(os.path.dirname(__file__), "grpo_smollm2_arith.py"))`."""
     import importlib.util
 
@@ -673,5 +643,6 @@ def load_config_file(path: str, *args: str) -> ml_collections.ConfigDict:
     if spec is None or spec.loader is None:
         raise FileNotFoundError(f"no config file at {path}")
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.get_config(*args)
+    with config_dir_on_path(path):
+        spec.loader.exec_module(module)
+        return module.get_config(*args)

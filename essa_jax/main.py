@@ -22,6 +22,7 @@ directory; process 0 writes the logs and results, every process takes part in ch
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from collections.abc import Sequence
@@ -103,7 +104,8 @@ def _flag(holders: dict[str, Any], name: str) -> bool:
 
 def run_from_flags(holders: dict[str, Any]) -> int:
     """Validate the config (exit status 2 on a bad field), then train and evaluate."""
-    from essa_jax.config import ConfigError, validate_config
+    from essa_jax.config import ConfigError
+    from essa_jax.train.methods import validate_config
 
     config, workdir = holders["config"].value, holders["workdir"].value
     dry_run = _flag(holders, "dry_run")
@@ -173,7 +175,7 @@ def main(argv: list[str]) -> int:
     return rc
 
 
-def _config_path(argv: Sequence[str]) -> str | None:
+def config_file_path(argv: Sequence[str]) -> str | None:
     """The config file of `--config=FILE[:args]` / `--config FILE` in argv (None if absent)."""
     path = next((a.split("=", 1)[1] for a in argv if a.startswith("--config=")), None)
     if path is None and "--config" in argv[:-1]:
@@ -188,7 +190,7 @@ def unknown_override(argv: Sequence[str]) -> str | None:
 
     from essa_jax.config import load_config_file
 
-    path = _config_path(argv)
+    path = config_file_path(argv)
     if path is None:
         return None
     try:
@@ -281,13 +283,17 @@ def parse_flags(argv: list[str], flag_values: flags.FlagValues = flags.FLAGS) ->
     if any(a in HELP_ARGS for a in argv[1:]):
         print(usage(_HOLDERS, flag_values))
         sys.exit(0)
-    path = _config_path(argv)
+    path = config_file_path(argv)
     if path is not None and not os.path.isfile(path):
         # ml_collections would defer this to the first use of the config, as a traceback.
         print(f"error: --config {path}: no such file (experiments/configs/*.py)", file=sys.stderr)
         sys.exit(2)
+    from essa_jax.config import config_dir_on_path
+
     try:
-        rest = flag_values(argv)
+        # The config file imports its neighbours (a user's strategy / weighting / method module).
+        with contextlib.nullcontext() if path is None else config_dir_on_path(path):
+            rest = flag_values(argv)
     except Exception as e:  # ml_collections raises AttributeError / KeyError for unknown fields
         message = unknown_override(argv) or " ".join(str(e).split())
         print(f"error: {message}", file=sys.stderr)

@@ -38,6 +38,7 @@ exits 1 when one does not, naming the program and the settings that would make i
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -57,6 +58,7 @@ from essa_jax.plan_report import (
     format_row,
     format_steps,
 )
+from essa_jax.train.programs import Program, ProgramInputs, abstract, mesh_sizes, model_flops
 
 # Device memory of a TPU chip by type (public specifications), for --target tpu:...
 TPU_MEMORY_GB = {"v4": 32, "v5e": 16, "v5litepod": 16, "v5p": 95, "v6e": 32}
@@ -214,16 +216,6 @@ class ProgramPlan:
         return dataclasses.asdict(self)
 
 
-@dataclasses.dataclass
-class _Program:
-    name: str
-    lower: Callable[[], Any] | None  # -> jax.stages.Lowered; None: cannot fit, see `fix`
-    mesh: dict[str, int]
-    chunks: dict[str, int]
-    fix: str  # the settings that shrink this program, for the "does not fit" message
-    model_flops: float = 0.0
-
-
 # -- model shape and abstract inputs --------------------------------------------------------------
 
 
@@ -258,43 +250,12 @@ def _remat(config) -> bool:
     return bool(config.model.remat)
 
 
-def _abstract(tree: Any, sharding: Any) -> Any:
-    import jax
-
-    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding), tree)
-
-
 def _replicated(devices: Sequence[Any]) -> Any:
     import jax
     from jax.sharding import NamedSharding, PartitionSpec
 
     mesh = jax.sharding.Mesh(np.asarray(devices, dtype=object), ("d",))
     return NamedSharding(mesh, PartitionSpec())
-
-
-def model_flops(
-    mc, rows: int, prompt: int, new: int = 0, *, train: bool = False, remat: bool = False
-) -> float:
-    """FLOPs of `rows` sequences of `prompt` tokens (+ `new` decoded ones) through the model.
-
-    Per token: 2 x (projection kernels + output head) multiply-adds, plus attention's
-    4 x layers x heads x head_dim x (keys attended), causal (a token at position t sees t + 1
-    keys). Generation counts prefill and every decode step; training counts the forward, the
-    backward's input gradients (as much again: the base weights are frozen, the LoRA weights'
-    own gradients are negligible) and, with remat, a second forward.
-    """
-    dense = 2 * (
-        mc.num_layers * sum(i * o for i, o in mc.projection_shapes().values())
-        + mc.hidden_size * mc.vocab_size
-    )
-    attn = 4 * mc.num_layers * mc.num_heads * mc.head_dim
-    total = prompt + new
-    # Sum over positions t < total of (t + 1) keys = total (total + 1) / 2.
-    keys = total * (total + 1) / 2
-    forward = rows * (dense * total + attn * keys)
-    if not train:
-        return float(forward)
-    return float(forward * (3 if remat else 2))
 
 
 # -- the programs of a run ----------------------------------------------------------------------
@@ -312,13 +273,7 @@ def _dp_mesh(config, target: Target) -> Any:
     return make_mesh(pop=1, data=n // model, model=model, devices=target.devices)
 
 
-def _mesh_sizes(mesh) -> dict[str, int]:
-    if mesh is None:
-        return {"devices": 1}
-    return dict(zip(mesh.axis_names, mesh.devices.shape, strict=True))
-
-
-def _programs(config, mc, target: Target) -> list[_Program]:
+def _programs(config, mc, target: Target) -> list[Program]:
     import jax
     import jax.numpy as jnp
     from jax.sharding import NamedSharding, PartitionSpec
@@ -327,6 +282,7 @@ def _programs(config, mc, target: Target) -> list[_Program]:
     from essa_jax.mesh import place_params
     from essa_jax.models import init_params
     from essa_jax.models.generate import generate_jit
+    from essa_jax.train.methods import get_method
     from essa_jax.train.pipeline import model_dtype
 
     # A plan is for accelerators: virtual CPU devices stand in for GPUs ("auto" = bfloat16).
@@ -336,7 +292,7 @@ def _programs(config, mc, target: Target) -> list[_Program]:
     # over the mesh with the base weights split over its model axis (`mesh.place_params`).
     rep = _replicated(target.devices[:1]) if mesh is None else NamedSharding(mesh, PartitionSpec())
     params_shape = jax.eval_shape(lambda k: init_params(k, mc, dtype), jax.random.key(0))
-    base = _abstract(params_shape, rep)
+    base = abstract(params_shape, rep)
     if mesh is not None:
         base = place_params(params_shape, mesh, mc)
     # What runs after SFT reads the base in `model.quantize` form (`train.pipeline.
@@ -347,7 +303,7 @@ def _programs(config, mc, target: Target) -> list[_Program]:
 
         mode, group = config.model.quantize, int(config.model.quant_group)
         infer_shape = jax.eval_shape(lambda p: quantize_params(p, mode, group), params_shape)
-        infer_base = _abstract(infer_shape, rep)
+        infer_base = abstract(infer_shape, rep)
         if mesh is not None:
             infer_base = place_params(infer_shape, mesh, mc)
     lora_config = lora_lib.LoraConfig(
@@ -360,16 +316,28 @@ def _programs(config, mc, target: Target) -> list[_Program]:
     tp = int(config.task.max_prompt_tokens)
     new = int(config.generation.max_new_tokens)
     eos = tuple(mc.eos_token_ids) or (0,)
-    programs: list[_Program] = []
+    programs: list[Program] = []
 
     # SFT: prompt + reference answer, at most max_prompt_tokens + max_new_tokens long.
-    if config.method == "sft" or config.sft.steps > 0:
+    if config.sft.steps > 0:
         programs.append(_sft_program(config, mc, base, lora_shape, rep, mesh, tp + new))
 
-    if config.method == "essa":
-        programs.append(_essa_program(config, mc, infer_shape, lora_shape, target, tp, new, eos))
-    elif config.method in ("grpo", "fgrpo", "svdgrpo"):
-        programs += _grpo_programs(config, mc, infer_base, lora_shape, rep, mesh, tp, new, eos)
+    # The method's loop: its own programs, built by its object from the run's abstract inputs.
+    inputs = ProgramInputs(
+        config=config,
+        mc=mc,
+        devices=tuple(target.devices),
+        device_memory_bytes=target.device_memory_bytes,
+        mesh=mesh,
+        rep=rep,
+        infer_base=infer_base,
+        infer_shape=infer_shape,
+        lora_shape=lora_shape,
+        prompt_len=tp,
+        new_tokens=new,
+        eos=eos,
+    )
+    programs += get_method(config.method).programs(inputs)
 
     # Held-out evaluation: one batch of eval.batch_size prompts, greedy (pass@k sampling runs the
     # same shapes with sampling on). The run evaluates with its weights as placed: on one device
@@ -377,8 +345,8 @@ def _programs(config, mc, target: Target) -> list[_Program]:
     bs = min(int(config.eval.batch_size), int(config.task.num_heldout))
     tensor_parallel = mesh is not None and int(config.mesh.model) > 1
     ev_rep = rep if tensor_parallel else _replicated(target.devices[:1])
-    ev_params = infer_base if tensor_parallel else _abstract(infer_shape, ev_rep)
-    lora = _abstract(lora_shape, ev_rep)
+    ev_params = infer_base if tensor_parallel else abstract(infer_shape, ev_rep)
+    lora = abstract(lora_shape, ev_rep)
 
     def lower_eval():
         tok = jax.ShapeDtypeStruct((bs, tp), jnp.int32, sharding=ev_rep)
@@ -396,10 +364,10 @@ def _programs(config, mc, target: Target) -> list[_Program]:
         )
 
     programs.append(
-        _Program(
+        Program(
             "heldout_eval",
             lower_eval,
-            _mesh_sizes(mesh) if tensor_parallel else {"devices": 1},
+            mesh_sizes(mesh) if tensor_parallel else {"devices": 1},
             {"eval.batch_size": bs},
             f"a smaller eval.batch_size (now {bs}), or a larger mesh.model",
             model_flops(mc, bs, tp, new),
@@ -408,7 +376,7 @@ def _programs(config, mc, target: Target) -> list[_Program]:
     return programs
 
 
-def _sft_program(config, mc, base, lora_shape, rep, mesh, seq_len) -> _Program:
+def _sft_program(config, mc, base, lora_shape, rep, mesh, seq_len) -> Program:
     import jax
     import jax.numpy as jnp
     from jax.sharding import NamedSharding, PartitionSpec
@@ -431,8 +399,8 @@ def _sft_program(config, mc, base, lora_shape, rep, mesh, seq_len) -> _Program:
     def lower():
         tok = jax.ShapeDtypeStruct((padded, seq_len), jnp.int32, sharding=rows)
         return sft_step.lower(
-            _abstract(lora_shape, rep),
-            _abstract(opt_shape, rep),
+            abstract(lora_shape, rep),
+            abstract(opt_shape, rep),
             base,
             mc,
             optimizer,
@@ -445,196 +413,15 @@ def _sft_program(config, mc, base, lora_shape, rep, mesh, seq_len) -> _Program:
         )
 
     per_device = padded // data
-    return _Program(
+    return Program(
         "sft_step",
         lower,
-        _mesh_sizes(mesh),
+        mesh_sizes(mesh),
         {"sft.batch_size": b, "sft.micro_batch_size": micro or per_device, "sequence": seq_len},
         "model.remat=True, a smaller sft.micro_batch_size (rows per device), or a larger "
         "mesh.model",
         model_flops(mc, per_device, seq_len, train=True, remat=_remat(config)),
     )
-
-
-def _essa_program(config, mc, params_shape, lora_shape, target, tp, new, eos) -> _Program:
-    import jax
-    import jax.numpy as jnp
-    from jax.sharding import NamedSharding, PartitionSpec
-
-    from essa_jax import lora as lora_lib
-    from essa_jax.mesh import make_mesh
-    from essa_jax.population.evaluator import PopulationEvaluator, PromptBatch
-
-    c = config
-    mesh = make_mesh(data=c.mesh.data, model=c.mesh.model, devices=target.devices)
-    replicated = NamedSharding(mesh, PartitionSpec())
-    basis, layout = lora_lib.basis_shape(lora_shape, float(c.essa.alpha))
-    basis = _abstract(basis, replicated)
-    p, b = int(c.essa.population_size), int(c.essa.prompts_per_candidate)
-    shape = (p, b, tp) if c.essa.prompt_sampling == "per_candidate" else (b, tp)
-    sizes = dict(zip(mesh.axis_names, mesh.devices.shape, strict=True))
-    # The evaluator the ESSA loop builds (train/essa.py), on abstract weights and the target's
-    # memory: the chunk it picks for essa.rows_per_chunk = 0 is the one the run would pick.
-    evaluator = PopulationEvaluator(
-        _abstract(params_shape, replicated),
-        mc,
-        layout,
-        mesh=mesh,
-        score=lambda rows: [],
-        max_new_tokens=new,
-        greedy=bool(c.essa.greedy),
-        temperature=float(c.essa.temperature),
-        eos_token_ids=eos,
-        rows_per_chunk=int(c.essa.rows_per_chunk),
-        device_memory_bytes=target.device_memory_bytes,
-    )
-    tok = jax.ShapeDtypeStruct(shape, jnp.int32, sharding=replicated)
-    batch = PromptBatch(tokens=tok, mask=tok, prompts=[])
-    genomes = jax.ShapeDtypeStruct((p, layout.size), jnp.float32, sharding=replicated)
-    key = jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=replicated)
-    rows = evaluator.shard_rows(p, b)
-    fix = (
-        "a smaller essa.rows_per_chunk, more devices (--devices), or fewer "
-        "essa.prompts_per_candidate"
-    )
-    try:
-        chunk = evaluator.rows_per_chunk_for(basis, genomes, batch) or rows
-    except ValueError as e:  # not even one row fits next to the weights
-        return _Program("essa_population", None, sizes, {"rows_per_device": rows}, str(e))
-    return _Program(
-        "essa_population",
-        lambda: evaluator.lower(basis, genomes, batch, key),
-        sizes,
-        {"rows_per_device": rows, "essa.rows_per_chunk": chunk},
-        fix,
-        model_flops(mc, rows, tp, new),
-    )
-
-
-def _grpo_programs(config, mc, base, lora_shape, rep, mesh, tp, new, eos) -> list[_Program]:
-    import jax
-    import jax.numpy as jnp
-    from jax.sharding import NamedSharding, PartitionSpec
-
-    from essa_jax import lora as lora_lib
-    from essa_jax.config import grpo_config
-    from essa_jax.mesh import DATA_AXIS, axis_size, padded_size
-    from essa_jax.rl.trainer import FrozenPolicy, GRPOTrainer, RolloutBatch
-
-    c = config
-    cfg = grpo_config(c)
-    if c.method == "svdgrpo":
-        basis, layout = lora_lib.basis_shape(lora_shape, float(c.essa.alpha))
-        to_lora = lora_lib.genome_to_lora(layout)
-        frozen = _abstract(basis, rep)
-        trainable = jax.ShapeDtypeStruct((layout.size,), jnp.float32, sharding=rep)
-    else:
-        to_lora, frozen, trainable = lora_lib.plain_to_lora, None, _abstract(lora_shape, rep)
-    # The trainer the GRPO loop builds (train/grpo.py): data-parallel over the run's mesh.
-    trainer = GRPOTrainer(
-        mc,
-        cfg,
-        to_lora=to_lora,
-        reward_fn=lambda *a, **k: [],
-        decode=str,
-        eos_token_ids=eos,
-        mesh=mesh,
-    )
-    policy = FrozenPolicy(base=base, adapter=frozen)
-    opt_state = _abstract(jax.eval_shape(trainer.optimizer.init, trainable), rep)
-    num_prompts = int(c.grpo.batch_size) // int(c.grpo.group_size)
-    rows, seq = int(c.grpo.batch_size), tp + new
-    mb = rows // int(c.grpo.num_minibatches)
-    data = axis_size(mesh, DATA_AXIS)
-    sharded = rep if mesh is None else NamedSharding(mesh, PartitionSpec(DATA_AXIS))
-    sizes = _mesh_sizes(mesh)
-
-    def arr(shape, dtype=jnp.int32, sharding=rep):
-        return jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)
-
-    def lower_rollout():
-        if mesh is None:
-            key = arr((2,), jnp.uint32)
-        else:  # the sharded step passes a typed key
-            key = jax.eval_shape(lambda: jax.random.key(0))
-            key = jax.ShapeDtypeStruct(key.shape, key.dtype, sharding=rep)
-        return trainer.rollout.lower(
-            policy, trainable, arr((num_prompts, tp)), arr((num_prompts, tp)), key
-        )
-
-    multi_update = cfg.epochs * cfg.num_minibatches > 1
-    need_old = multi_update and not cfg.use_generation_logprobs
-    need_ref = cfg.beta > 0
-    has_old = need_old or cfg.use_generation_logprobs
-    mb_pad = padded_size(mb, data)
-
-    def lower_update():
-        def rows_of(shape, dtype=jnp.int32):
-            return arr((mb_pad, *shape), dtype, sharded)
-
-        batch = RolloutBatch(
-            tokens=rows_of((seq,)),
-            attention_mask=rows_of((seq,)),
-            completion_mask=rows_of((new,), jnp.float32),
-            advantages=rows_of((), jnp.float32),
-            old_logp=rows_of((new,), jnp.float32) if has_old else None,
-            ref_logp=rows_of((new,), jnp.float32) if need_ref else None,
-        )
-        if mesh is None:
-            return trainer.update_step.lower(policy, trainable, opt_state, batch)
-        return trainer.update_step.lower(policy, trainable, opt_state, batch, num_rows=mb)
-
-    per_device = padded_size(rows, data) // data
-    programs = [
-        _Program(
-            "grpo_rollout",
-            lower_rollout,
-            sizes,
-            {"rollout_rows_per_device": per_device, "grpo.rows_per_chunk": cfg.rows_per_chunk},
-            "a smaller grpo.rows_per_chunk, more devices, or a larger mesh.model",
-            model_flops(mc, per_device, tp, new),
-        )
-    ]
-    if need_old or need_ref:
-        rows_pad = padded_size(rows, data)
-
-        def lower_score():
-            return trainer.score.lower(
-                policy,
-                trainable,
-                arr((rows_pad, seq), sharding=sharded),
-                arr((rows_pad, seq), sharding=sharded),
-                with_policy=need_old,
-                with_ref=need_ref,
-            )
-
-        programs.append(
-            _Program(
-                "grpo_score",
-                lower_score,
-                sizes,
-                {"score_rows_per_device": per_device},
-                "model.remat=True, a smaller grpo.batch_size, or a larger mesh.model",
-                model_flops(mc, per_device, seq) * (int(need_old) + int(need_ref)),
-            )
-        )
-    mb_per_device = mb_pad // data
-    programs.append(
-        _Program(
-            "grpo_update",
-            lower_update,
-            sizes,
-            {
-                "minibatch_rows_per_device": mb_per_device,
-                "grpo.micro_batch_size": cfg.micro_batch_size or mb_per_device,
-                "sequence": seq,
-            },
-            "model.remat=True, a smaller grpo.micro_batch_size (rows per device), more "
-            "grpo.num_minibatches, or a larger mesh.model",
-            model_flops(mc, mb_per_device, seq, train=True, remat=_remat(config)),
-        )
-    )
-    return programs
 
 
 # -- compile and account ------------------------------------------------------------------------
@@ -656,7 +443,8 @@ def plan_config(
     no estimate) the hardware figures of each program's `est_seconds`. Raises PlanError when the
     config is invalid for the target (e.g. a mesh that does not divide its devices).
     """
-    from essa_jax.config import ConfigError, validate_config
+    from essa_jax.config import ConfigError
+    from essa_jax.train.methods import validate_config
     from essa_jax.train.pipeline import check_data_parallel
 
     mc, _ = plan_model_config(config)
@@ -691,7 +479,7 @@ def compiler_options(target: Target) -> dict[str, str]:
 
 def compiled_programs(
     config, mc, target: Target, programs: Sequence[str] | None = None
-) -> Iterator[tuple[_Program, Any, float]]:
+) -> Iterator[tuple[Program, Any, float]]:
     """(program, compiled or None, compile seconds) of each of the run's programs for `target`,
     compiled with `compiler_options(target)`; None where the program was refused before compiling
     (`fix` says why). `programs` restricts to those names. Call it within
@@ -736,7 +524,7 @@ def _compile_all(config, mc, target, name, headroom, programs, log, chip) -> lis
 
 
 def _row(
-    prog: _Program,
+    prog: Program,
     name: str,
     target: Target,
     headroom: float,
@@ -811,8 +599,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     if any(a in ("--help", "-h", "-?", "--helpshort", "--helpfull") for a in argv[1:]):
         print(f"{__doc__}\nFlags:\n{fv.get_help(prefix='  ', include_special_flags=False)}")
         return 0
+    from essa_jax.config import config_dir_on_path
+    from essa_jax.main import config_file_path
+
+    path = config_file_path(argv)
     try:
-        fv(argv)
+        # The config file imports its neighbours (a user's strategy / weighting / method module).
+        with contextlib.nullcontext() if path is None else config_dir_on_path(path):
+            fv(argv)
     except flags.Error as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import pytest
 
 from essa_jax import config as config_lib
+from essa_jax.train import validate_config
 from essa_jax.memory import (
     cache_slots,
     choose_rows_per_chunk,
@@ -101,7 +102,7 @@ def test_config_validates_essa_rows_per_chunk(bad):
     c.model.path = "random:tiny"
     c.essa.rows_per_chunk = bad
     with pytest.raises(config_lib.ConfigError, match="essa.rows_per_chunk"):
-        config_lib.validate_config(c, num_devices=1)
+        validate_config(c, num_devices=1)
 
 
 def test_config_grpo_rows_per_chunk_reaches_grpo_config():

@@ -227,3 +227,38 @@ def test_tpu_topology_compiles_with_the_tpu_compiler():
     small = dataclasses.replace(target, device_memory_bytes=1000)
     (pop,) = plan_lib.plan_config(tiny_config("essa"), small, programs=["essa_population"])
     assert not pop.fits and "does not fit" in plan_lib.failure_message(pop)
+
+
+def test_the_programs_of_a_method_come_from_its_object():
+    """The plan asks the method: a user's method with a program of its own is planned (compiled,
+    accounted) between SFT and evaluation; no list of method names in the plan decides that."""
+    from essa_jax.train.methods import _METHODS, Method, register_method
+    from essa_jax.train.programs import Program
+
+    lowered = []
+
+    @dataclasses.dataclass(frozen=True)
+    class Doubling(Method):
+        def programs(self, inputs):
+            # A program over the run's abstract inputs: the inference base's embedding, doubled.
+            emb = inputs.infer_base["embed"]
+
+            def lower():
+                lowered.append(emb.shape)
+                return jax.jit(lambda e: 2 * e).lower(emb)
+
+            return [Program("doubling", lower, {"devices": 1}, {}, "nothing shrinks it")]
+
+    register_method(Doubling("doubling_test"))
+    try:
+        target = plan_lib.make_target(None, 1, 1.0)
+        plans = plan_lib.plan_config(tiny_config("doubling_test"), target)
+    finally:
+        _METHODS.pop("doubling_test")
+    assert [p.program for p in plans] == ["sft_step", "doubling", "heldout_eval"]
+    mc = tiny_model_config("tiny")
+    assert lowered == [(mc.vocab_size, mc.hidden_size)]
+    doubling = {p.program: p for p in plans}["doubling"]
+    # bfloat16 embedding in, the same out: XLA's own accounting of the method's program.
+    emb_bytes = mc.vocab_size * mc.hidden_size * 2
+    assert doubling.argument_bytes == emb_bytes and doubling.output_bytes == emb_bytes

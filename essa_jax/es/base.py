@@ -13,7 +13,10 @@ closed over or passed as a static argument, and its public methods are jitted; t
 flax.struct dataclass pytree, so it can be vmapped (independent runs), scanned (many generations),
 and checkpointed. A user's own strategy plugs in by providing the same three methods plus the
 attributes `num_dims` and `population_size` (the `Strategy` protocol); it need not subclass
-anything.
+anything. Of its state the ESSA loop reads exactly two fields: `mean` [D] (the policy it evaluates
+and exports) and `sigma`, a scalar or one step size per coordinate [D] (logged as its mean); the
+loop measures the update itself (||mean' - mean||). Everything else in the state is the
+strategy's own.
 
 The built-in strategies (CMA-ES, sep-CMA-ES, OpenAI-ES) subclass `BaseStrategy`, which holds the
 bookkeeping they share, as evosax's base class does: `init` builds the common state fields,
@@ -39,7 +42,14 @@ from essa_jax.es.shaping import finite_or_worst
 
 @runtime_checkable
 class Strategy(Protocol):
-    """What the loops rely on; see the module docstring."""
+    """What the loops rely on; see the module docstring.
+
+    A strategy: `num_dims` D, `population_size` P, `init(key, mean [D]) -> state`,
+    `ask(key, state) -> [P, D]` (pure in (key, state)), `tell(state, population [P, D],
+    fitness [P]) -> state` (fitness maximised). Its state: a pytree with `mean` [D] and `sigma`
+    ([] or [D]); the ESSA loop (`essa_jax.train.essa`) reads nothing else. Hyper-parameters are
+    constructor arguments, set from a config by `essa.strategy_args`.
+    """
 
     num_dims: int
     population_size: int

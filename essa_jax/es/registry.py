@@ -30,7 +30,8 @@ def register_strategy(name: str, cls: type) -> type:
     """Register a user's strategy class under `name`, so configs can pick it by string.
 
     `cls(**kwargs)` must build an object with `init`, `ask`, `tell`, `num_dims` and
-    `population_size` (see `essa_jax.es.base.Strategy`); subclassing `essa_jax.es.BaseStrategy`
+    `population_size` whose state has `mean` [D] and `sigma` ([] or [D]) (see
+    `essa_jax.es.base.Strategy`); subclassing `essa_jax.es.BaseStrategy`
     gives the shared bookkeeping but is optional. Returns `cls`, so it works as a decorator via
     `functools.partial(register_strategy, "name")`.
     """

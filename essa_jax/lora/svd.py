@@ -232,6 +232,18 @@ def canonical_targets(targets) -> tuple[str, ...]:
     return tuple(sorted(targets))
 
 
+def genome_layout(targets, num_layers: int, rank: int, alpha_frac: float = 1.0) -> GenomeLayout:
+    """The GenomeLayout of adapters on `targets` (any order: the genome's is `canonical_targets`)
+    with `num_layers` layers of rank `rank`, searching ceil(alpha_frac * r) values per factor:
+    the layout `svd_factorize` returns for such adapters, known before they exist."""
+    return GenomeLayout(
+        targets=canonical_targets(targets),
+        num_layers=num_layers,
+        rank=rank,
+        num_free=num_free_values(rank, alpha_frac),
+    )
+
+
 def svd_factorize(lora: dict[str, LoRA], alpha_frac: float = 1.0) -> tuple[SVDBasis, GenomeLayout]:
     """Thin SVD of each factor of each adapter (ESSA Eq. 2), computed on host in float64.
 
@@ -270,13 +282,7 @@ def svd_factorize(lora: dict[str, LoRA], alpha_frac: float = 1.0) -> tuple[SVDBa
             m=arr(m),
             scale=ad.scale,
         )
-    layout = GenomeLayout(
-        targets=canonical_targets(lora),
-        num_layers=num_layers,
-        rank=rank,
-        num_free=num_free_values(rank, alpha_frac),
-    )
-    return SVDBasis(factors=factors), layout
+    return SVDBasis(factors=factors), genome_layout(lora, num_layers, rank, alpha_frac)
 
 
 def basis_shape(lora: dict[str, Any], alpha_frac: float = 1.0) -> tuple[SVDBasis, GenomeLayout]:
@@ -301,14 +307,8 @@ def basis_shape(lora: dict[str, Any], alpha_frac: float = 1.0) -> tuple[SVDBasis
             m=sds(num_layers, rank, rank),
             scale=ad.scale,
         )
-    first = next(iter(lora.values()))
-    layout = GenomeLayout(
-        targets=canonical_targets(lora),
-        num_layers=first.a.shape[0],
-        rank=first.a.shape[1],
-        num_free=num_free_values(first.a.shape[1], alpha_frac),
-    )
-    return SVDBasis(factors=factors), layout
+    num_layers, rank = next(iter(lora.values())).a.shape[:2]
+    return SVDBasis(factors=factors), genome_layout(lora, num_layers, rank, alpha_frac)
 
 
 def _check(basis: SVDBasis, layout: GenomeLayout) -> None:

@@ -7,6 +7,7 @@ package's layout (`transformer.py`): `[in, out]` kernels stacked over layers.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,9 @@ from essa_jax.models.quant import (
     warn_requantised,
 )
 from essa_jax.models.transformer import Params
+
+# model.path of a tiny random model + char tokenizer (`essa_jax.models.tiny`), for tests.
+RANDOM_PREFIX = "random:"
 
 
 class CheckpointError(ValueError):
@@ -360,6 +364,38 @@ def _gguf_native_kernels(
     return kernels
 
 
+def open_gguf(path: str | Path) -> Any:
+    """The `gguf.GGUFReader` of `path`: the header is parsed, tensors are memory-mapped (nothing
+    is dequantised). Raises CheckpointError, naming what model.path accepts, when the file is not
+    GGUF or is truncated."""
+    import gguf
+
+    try:
+        return gguf.GGUFReader(str(path))
+    except (ValueError, OSError) as e:  # not GGUF, or truncated
+        raise CheckpointError(
+            f"{path}: not a readable GGUF file ({e}); model.path takes a llama.cpp .gguf file, a "
+            "Hugging Face checkpoint directory (config.json + *.safetensors), "
+            f"'smollm2-135m-instruct' or '{RANDOM_PREFIX}<preset>'"
+        ) from None
+
+
+def peek_model_config(path: str) -> ModelConfig | None:
+    """The ModelConfig of `path` without reading weights: a `random:<preset>` tiny model's, an HF
+    directory's config.json, a GGUF file's header (`open_gguf`); None if it needs a full load."""
+    if path.startswith(RANDOM_PREFIX):
+        from essa_jax.models.tiny import tiny_model_config
+
+        return tiny_model_config(path[len(RANDOM_PREFIX) :])
+    if os.path.isdir(path) and os.path.exists(os.path.join(path, "config.json")):
+        with open(os.path.join(path, "config.json")) as f:
+            return ModelConfig.from_hf_dict(json.load(f))
+    resolved = resolve_name(path)
+    if resolved.is_file() and resolved.suffix == ".gguf":
+        return gguf_config(open_gguf(resolved))
+    return None
+
+
 def load_gguf(
     path: str | Path, dtype: Any = jnp.float32, *, quantize: str = "none", quant_group: int = 32
 ) -> tuple[ModelConfig, Params]:
@@ -374,13 +410,7 @@ def load_gguf(
     if quantize not in QUANT_MODES:
         raise ValueError(f"quantize={quantize!r}; valid: {QUANT_MODES}")
     path = Path(path)
-    try:
-        reader = gguf.GGUFReader(str(path))
-    except (ValueError, OSError) as e:  # not GGUF, or truncated
-        raise CheckpointError(
-            f"{path}: not a readable GGUF file ({e}); expected a llama.cpp .gguf file or a Hugging "
-            "Face checkpoint directory (config.json + *.safetensors)"
-        ) from None
+    reader = open_gguf(path)
     config = gguf_config(reader)
     arch = _gguf_value(reader, "general.architecture")
     by_name = {t.name: t for t in reader.tensors}
@@ -440,9 +470,7 @@ def quantize_base(
     path = resolve_name(path_or_name) if isinstance(path_or_name, str) else Path(path_or_name)
     kernels: dict[str, Any] = {}
     if path.is_file() and path.suffix == ".gguf":
-        import gguf
-
-        reader = gguf.GGUFReader(str(path))
+        reader = open_gguf(path)
         dtype = params["embed"].dtype
         kernels = _gguf_native_kernels(reader, config, quantize, quant_group, dtype, str(path))
     layers = dict(params["layers"])

@@ -86,6 +86,8 @@ class GRPOConfig:
       adv_eps: added to the std [eps]. adv_ddof: 1 = Bessel-corrected std (TRL), 0 = population.
       weighting: name of the advantage weighting (`essa_jax.rl.weighting`): "none" | "focal"
         (F-GRPO) or one registered with `register_weighting`.
+      weighting_args: the weighting's own parameters as sorted (name, value) pairs (hashable: the
+        config is a jit static argument); a weighting reads them as `cfg.weighting_kwargs`.
       gamma: focal exponent [gamma] of weighting "focal"; 0 = plain GRPO, 0.5 = the F-GRPO paper's
         best. Must be 0 with weighting "none".
       r_correct, r_wrong: rewards of a correct / wrong rollout (define the success rate mu).
@@ -123,6 +125,7 @@ class GRPOConfig:
     adv_eps: float = 1e-6
     adv_ddof: int = 1
     weighting: str = "none"
+    weighting_args: tuple[tuple[str, Any], ...] = ()
     gamma: float = 0.0
     r_correct: float = 1.0
     r_wrong: float = 0.0
@@ -162,6 +165,20 @@ class GRPOConfig:
         if self.adv_ddof not in (0, 1) or isinstance(self.adv_ddof, bool):
             raise GRPOConfigError("adv_ddof", self.adv_ddof, "0 or 1")
         _choice("weighting", self.weighting, weighting_names())
+        if not (
+            isinstance(self.weighting_args, tuple)
+            and all(isinstance(p, tuple) and len(p) == 2 and isinstance(p[0], str)
+                    for p in self.weighting_args)
+        ):  # fmt: skip
+            raise GRPOConfigError(
+                "weighting_args", self.weighting_args, "a tuple of (name, value) pairs"
+            )
+        try:
+            hash(self.weighting_args)
+        except TypeError:
+            raise GRPOConfigError(
+                "weighting_args", self.weighting_args, "hashable values (numbers, strings, tuples)"
+            ) from None
         _nonneg("gamma", self.gamma)
         if self.weighting == "none" and self.gamma != 0:
             raise GRPOConfigError(
@@ -202,6 +219,11 @@ class GRPOConfig:
         if not isinstance(self.remat, bool):
             raise GRPOConfigError("remat", self.remat, "a bool")
         _int_at_least("rows_per_chunk", self.rows_per_chunk, 0, "0 = all rollouts at once")
+
+    @property
+    def weighting_kwargs(self) -> dict[str, Any]:
+        """The weighting's own parameters (`weighting_args`) as a dict."""
+        return dict(self.weighting_args)
 
     @property
     def norm_len(self) -> int:

@@ -28,11 +28,23 @@ import jax.numpy as jnp
 import numpy as np
 
 from essa_jax import lora as lora_lib
-from essa_jax.config import check_mesh_model, search_seed
-from essa_jax.es import get_strategy
+from essa_jax.config import (
+    ConfigError,
+    check_choice,
+    check_mesh_model,
+    check_positive,
+    search_seed,
+)
+from essa_jax.es import STRATEGIES, get_strategy
 from essa_jax.mesh import make_mesh
 from essa_jax.population import PopulationEvaluator, PromptBatch, essa_generation, text_reward
+from essa_jax.train.programs import Program, ProgramInputs, abstract, model_flops
 from essa_jax.train.rollouts import init_cursor, next_indices
+
+PROMPT_SAMPLINGS = ("shared", "per_candidate")
+# Constructor arguments the loop sets from the run and named config.essa fields; a strategy's
+# other arguments come from config.essa.strategy_args.
+_RUN_ARGS = ("num_dims", "population_size", "sigma_init", "mirrored", "learning_rate")
 
 # Singular values below this fraction of their factor's mean are floored when used as a scale, so
 # a (near-)zero value can still move.
@@ -62,62 +74,124 @@ def genome_scale(basis: lora_lib.SVDBasis, layout: lora_lib.GenomeLayout) -> jax
     return layout.join(parts)
 
 
+def genome_layout(config: Any, num_layers: int) -> lora_lib.GenomeLayout:
+    """The genome of `config`'s SVD adapters (ESSA Sec. 3.1): every LoRA target, `num_layers`
+    layers, lora.rank values per factor of which ceil(essa.alpha * r) are searched. ESSA evolves
+    it; SVD-GRPO trains it by gradient (`train.grpo`)."""
+    return lora_lib.genome_layout(
+        config.lora.targets, num_layers, config.lora.rank, config.essa.alpha
+    )
+
+
 def strategy_kwargs(essa_config: Any, cls: type) -> dict[str, Any]:
     """Constructor arguments of an ES strategy class from `config.essa` (beyond num_dims and
-    population_size): the fields the class has."""
+    population_size): sigma_init, `mirrored` when set, `learning_rate` when the class has that
+    field, then the strategy's own `strategy_args`."""
     names = {f.name for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else set()
     kw: dict[str, Any] = {"sigma_init": essa_config.sigma_init}
     if essa_config.get("mirrored", False):
         kw["mirrored"] = True
     if "learning_rate" in names:
         kw["learning_rate"] = essa_config.learning_rate
-    return kw
+    return {**kw, **dict(essa_config.strategy_args)}
+
+
+def make_strategy(essa_config: Any, num_dims: int) -> Any:
+    """The strategy `config.essa` names, for a search space of `num_dims`."""
+    return get_strategy(
+        essa_config.strategy,
+        num_dims=num_dims,
+        population_size=essa_config.population_size,
+        **strategy_kwargs(essa_config, STRATEGIES[essa_config.strategy]),
+    )
+
+
+def check_essa_section(config: Any, model_config: Any = None) -> None:
+    """`config.essa` (ConfigError naming the first bad field): the strategy is registered, and
+    built with the run's arguments and `essa.strategy_args` (its own checks run, before any weight
+    is read), the population / prompts / chunking / search-space fields are in range.
+    `model_config` (or `model.path`'s header) gives the genome's size when known."""
+    e = config.essa
+    if e.strategy not in STRATEGIES:
+        raise ConfigError(
+            "essa.strategy",
+            e.strategy,
+            " | ".join(map(repr, STRATEGIES)),
+            "register a strategy with essa_jax.es.register_strategy in a module the config file "
+            "imports",
+        )
+    if not isinstance(e.population_size, int) or e.population_size < 2:
+        raise ConfigError("essa.population_size", e.population_size, "integers >= 2")
+    check_choice("essa.prompt_sampling", e.prompt_sampling, PROMPT_SAMPLINGS)
+    check_positive("essa.learning_rate", e.learning_rate)
+    if e.mirrored and e.strategy != "cma_es":
+        raise ConfigError(
+            "essa.mirrored", e.mirrored, "False for strategy " + repr(e.strategy),
+            "mirrored pairs with pairwise selection are implemented for 'cma_es' "
+            "(openai_es is antithetic already)",
+        )  # fmt: skip
+    if e.mirrored and e.population_size % 2:
+        raise ConfigError(
+            "essa.population_size", e.population_size, "even sizes with essa.mirrored=True"
+        )
+    check_positive("essa.prompts_per_candidate", e.prompts_per_candidate)
+    check_positive("essa.generations", e.generations)
+    rpc = e.rows_per_chunk
+    if isinstance(rpc, bool) or not isinstance(rpc, int) or rpc < 0:
+        raise ConfigError(
+            "essa.rows_per_chunk", rpc, "integers >= 0 (0 = chosen from device memory)"
+        )
+    check_positive("essa.sigma_init", e.sigma_init)
+    if not 0.0 < e.alpha <= 1.0:
+        raise ConfigError("essa.alpha", e.alpha, "0 < alpha <= 1")
+    if e.alpha * config.lora.rank < 1:
+        raise ConfigError(
+            "essa.alpha", e.alpha, f">= 1/rank = {1 / config.lora.rank:g} (at least one value)"
+        )
+    taken = sorted(set(e.strategy_args) & set(_RUN_ARGS))
+    if taken:
+        raise ConfigError(
+            "essa.strategy_args",
+            dict(e.strategy_args),
+            f"arguments other than {_RUN_ARGS}",
+            f"{taken} come from the run or config.essa's own fields",
+        )
+    layers = model_config.num_layers if model_config is not None else 1
+    try:
+        make_strategy(e, genome_layout(config, layers).size)
+    except (TypeError, ValueError) as err:
+        raise ConfigError(
+            "essa.strategy_args",
+            dict(e.strategy_args),
+            f"the constructor arguments of strategy {e.strategy!r}",
+            " ".join(str(err).split()),
+        ) from None
 
 
 class ESSALoop:
     """init_state / step / policy for the ESSA method."""
 
-    name = "essa"
-
     def __init__(self, run: Any):
-        from essa_jax.es import STRATEGIES
-
         self.run = run
         c = run.config
         self.cfg = c.essa
         self.total_steps = c.essa.generations
-        r = c.lora.rank
-        self.layout = lora_lib.GenomeLayout(
-            # Sorted: jax orders dict pytrees by key, so an adapter dict that went through jit or a
-            # checkpoint comes back sorted, and the genome layout must match that order.
-            targets=tuple(sorted(c.lora.targets)),
-            num_layers=run.model_config.num_layers,
-            rank=r,
-            num_free=lora_lib.num_free_values(r, c.essa.alpha),
-        )
-        self.strategy = get_strategy(
-            c.essa.strategy,
-            num_dims=self.layout.size,
-            population_size=c.essa.population_size,
-            **strategy_kwargs(c.essa, STRATEGIES[c.essa.strategy]),
-        )
+        self.layout = genome_layout(c, run.model_config.num_layers)
+        self.strategy = make_strategy(c.essa, self.layout.size)
         # One mesh over every process's devices: each device generates its members' rows, each
         # process scores its own rows, and only per-row rewards travel (essa_jax.population). The
         # weights are split over its model axis (tensor parallelism, essa_jax.mesh.param_specs);
         # a checkpoint whose shape validate_config could not read is checked here, once loaded.
         check_mesh_model(c.mesh, jax.device_count(), run.model_config)
         self.mesh = make_mesh(data=c.mesh.data, model=c.mesh.model)
-        self.evaluator = PopulationEvaluator(
+        self.evaluator = population_evaluator(
+            c,
             run.infer_params,  # the quantised base when model.quantize is set
             run.model_config,
             self.layout,
-            mesh=self.mesh,
-            score=text_reward(run.reward_fn, run.tokenizer, run.sampler.eos_token_ids),
-            max_new_tokens=c.generation.max_new_tokens,
-            greedy=bool(c.essa.greedy),
-            temperature=float(c.essa.temperature),
-            eos_token_ids=run.sampler.eos_token_ids,
-            rows_per_chunk=int(c.essa.rows_per_chunk),
+            self.mesh,
+            text_reward(run.reward_fn, run.tokenizer, run.sampler.eos_token_ids),
+            run.sampler.eos_token_ids,
         )
 
     # -- state -------------------------------------------------------------------------------
@@ -198,11 +272,89 @@ class ESSALoop:
             "reward_max": float(np.max(fitness)),
             "reward_min": float(np.min(fitness)),
             "zero_variance": float(np.ptp(fitness) == 0.0),
-            "sigma": float(es.sigma),
-            "update_norm": float(es.update_norm),
+            # What the Strategy protocol promises (es/base.py): mean [D], sigma [] or [D]. A
+            # per-coordinate sigma logs its mean; the update is the mean's move this generation.
+            "sigma": float(jnp.mean(es.sigma)),
+            "update_norm": float(jnp.linalg.norm(es.mean - state.es.mean)),
             "mean_norm": float(jnp.linalg.norm(es.mean)),
             "completion_len": ev.metrics["completion_len"],
             "truncated": ev.metrics["truncated"],
         }
         new = state.replace(es=es, step=state.step + 1, cursor=cursor)
         return new, metrics, int(ev.metrics["tokens"])
+
+
+def population_evaluator(
+    config: Any,
+    params: Any,
+    model_config: Any,
+    layout: lora_lib.GenomeLayout,
+    mesh: Any,
+    score: Any,
+    eos: tuple[int, ...],
+    device_memory_bytes: int | None = None,
+) -> PopulationEvaluator:
+    """The one PopulationEvaluator of `config`'s ESSA run on `mesh`: the loop's (real weights,
+    the task's `score`) and the plan's (abstract weights, the target's `device_memory_bytes`, so
+    the chunk it picks for essa.rows_per_chunk = 0 is the one the run would pick)."""
+    c = config.essa
+    return PopulationEvaluator(
+        params,
+        model_config,
+        layout,
+        mesh=mesh,
+        score=score,
+        max_new_tokens=config.generation.max_new_tokens,
+        greedy=bool(c.greedy),
+        temperature=float(c.temperature),
+        eos_token_ids=eos,
+        rows_per_chunk=int(c.rows_per_chunk),
+        device_memory_bytes=device_memory_bytes,
+    )
+
+
+def population_program(inputs: ProgramInputs) -> Program:
+    """`essa_population`: one generation's population program (P x B rows over the run's (pop,
+    data, model) mesh on the target's devices), lowered from abstract inputs by the evaluator
+    the loop builds (`population_evaluator`)."""
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    c, mc, tp = inputs.config, inputs.mc, inputs.prompt_len
+    mesh = make_mesh(data=c.mesh.data, model=c.mesh.model, devices=inputs.devices)
+    replicated = NamedSharding(mesh, PartitionSpec())
+    basis, layout = lora_lib.basis_shape(inputs.lora_shape, float(c.essa.alpha))
+    basis = abstract(basis, replicated)
+    p, b = int(c.essa.population_size), int(c.essa.prompts_per_candidate)
+    shape = (p, b, tp) if c.essa.prompt_sampling == "per_candidate" else (b, tp)
+    sizes = dict(zip(mesh.axis_names, mesh.devices.shape, strict=True))
+    evaluator = population_evaluator(
+        c,
+        abstract(inputs.infer_shape, replicated),
+        mc,
+        layout,
+        mesh,
+        lambda rows: [],
+        inputs.eos,
+        inputs.device_memory_bytes,
+    )
+    tok = jax.ShapeDtypeStruct(shape, jnp.int32, sharding=replicated)
+    batch = PromptBatch(tokens=tok, mask=tok, prompts=[])
+    genomes = jax.ShapeDtypeStruct((p, layout.size), jnp.float32, sharding=replicated)
+    key = jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=replicated)
+    rows = evaluator.shard_rows(p, b)
+    fix = (
+        "a smaller essa.rows_per_chunk, more devices (--devices), or fewer "
+        "essa.prompts_per_candidate"
+    )
+    try:
+        chunk = evaluator.rows_per_chunk_for(basis, genomes, batch) or rows
+    except ValueError as e:  # not even one row fits next to the weights
+        return Program("essa_population", None, sizes, {"rows_per_device": rows}, str(e))
+    return Program(
+        "essa_population",
+        lambda: evaluator.lower(basis, genomes, batch, key),
+        sizes,
+        {"rows_per_device": rows, "essa.rows_per_chunk": chunk},
+        fix,
+        model_flops(mc, rows, tp, inputs.new_tokens),
+    )

@@ -5,7 +5,10 @@
 to the SFT singular values (same SVD, same alpha). Each step samples `grpo.batch_size` rollouts
 (`batch_size / group_size` prompts x N) and applies `essa_jax.rl.GRPOTrainer.step`, with the
 `essa_jax.rl.GRPOConfig` that `essa_jax.config.grpo_config(config)` derives from the experiment
-config ("fgrpo" = the advantage weighting "focal" with gamma = grpo.focal_gamma).
+config: the estimator `grpo.adv_scale` and the weighting `grpo.weighting` by name ("fgrpo" is the
+preset weighting "focal" with gamma = grpo.focal_gamma). Which variant runs is the method object's
+(`GRPOVariant`, from `essa_jax.train.methods`); this module holds the loop, its section's checks
+and the programs the plan compiles (`grpo_programs`, built with the loop's own `grpo_trainer`).
 
 On several devices (or processes) the trainer runs data-parallel on `run.mesh`
 (`pipeline.data_parallel_mesh`): the base weights are placed on it once (`rl.trainer.place_base`),
@@ -14,6 +17,7 @@ rollouts / scoring / updates are sharded over ``data``, each process rewards onl
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import flax.struct
@@ -21,12 +25,119 @@ import jax
 import jax.numpy as jnp
 
 from essa_jax import lora as lora_lib
-from essa_jax.config import grpo_config, search_seed
-from essa_jax.rl import FrozenPolicy, GRPOState, GRPOTrainer
-from essa_jax.rl.trainer import on_mesh, place_base
+from essa_jax.config import (
+    GRPO_CONFIG_FIELDS,
+    ConfigError,
+    check_positive,
+    grpo_config,
+    search_seed,
+)
+from essa_jax.rl import FrozenPolicy, GRPOConfigError, GRPOState, GRPOTrainer, get_weighting
+from essa_jax.rl.trainer import RolloutBatch, on_mesh, place_base
+from essa_jax.train.essa import genome_layout
+from essa_jax.train.programs import Program, ProgramInputs, abstract, mesh_sizes, model_flops
 from essa_jax.train.rollouts import init_cursor, next_indices
 
-__all__ = ["GRPOLoop", "GRPOLoopState", "grpo_config"]
+__all__ = ["GRPOLoop", "GRPOLoopState", "GRPOVariant", "grpo_config"]
+
+
+@dataclasses.dataclass(frozen=True)
+class GRPOVariant:
+    """What distinguishes the GRPO-family methods: `svd` trains ESSA's genome (SVD-GRPO) instead
+    of the LoRA factors; `weighting` (None = `grpo.weighting`) is a preset advantage weighting
+    ("focal": F-GRPO, which then needs grpo.focal_gamma > 0)."""
+
+    svd: bool = False
+    weighting: str | None = None
+
+    def rl_config(self, config: Any) -> Any:
+        """The run's `rl.GRPOConfig` (`config.grpo_config` with this variant's weighting)."""
+        return grpo_config(config, weighting=self.weighting)
+
+
+def check_grpo_section(config: Any, variant: GRPOVariant) -> None:
+    """`config.grpo` for `variant` (ConfigError naming the first bad field): the GRPOConfig it
+    derives validates itself (estimator and weighting against their registries), the weighting
+    runs once on a group of zero rewards with its `grpo.weighting_args` (a user's weighting that
+    cannot read its parameters fails here, before any weight is read), and the batch splits into
+    groups and mini-batches."""
+    g = config.grpo
+    check_positive("grpo.steps", g.steps)
+    if variant.weighting is not None and g.weighting not in ("none", variant.weighting):
+        raise ConfigError(
+            "grpo.weighting",
+            g.weighting,
+            f"'none' or {variant.weighting!r} for method {config.method!r}",
+            f"the method is the preset weighting {variant.weighting!r}: use --config.method=grpo "
+            "to choose another",
+        )
+    if variant.weighting is None and g.weighting == "none" and g.focal_gamma != 0:
+        raise ConfigError(
+            "grpo.focal_gamma", g.focal_gamma, "0 with grpo.weighting='none'",
+            "focal weights make it F-GRPO: --config.grpo.weighting=focal, or --config.method=fgrpo",
+        )  # fmt: skip
+    try:
+        cfg = variant.rl_config(config)
+    except GRPOConfigError as e:
+        field = GRPO_CONFIG_FIELDS.get(e.field, "grpo." + e.field)
+        raise ConfigError(field, e.value, e.valid, e.hint) from e
+    if cfg.weighting == "focal" and g.focal_gamma == 0:
+        raise ConfigError(
+            "grpo.focal_gamma", 0.0, "> 0 with the focal weighting (0 is plain GRPO)", "e.g. 0.5"
+        )
+    try:
+        get_weighting(cfg.weighting)(jnp.zeros(2 * cfg.group_size), cfg.group_size, cfg)
+    except Exception as e:  # a user's weighting: whatever it raises, it cannot run as set
+        raise ConfigError(
+            "grpo.weighting_args",
+            dict(g.weighting_args),
+            f"the parameters weighting {cfg.weighting!r} reads",
+            f"{type(e).__name__}: {' '.join(str(e).split())}",
+        ) from None
+    if not isinstance(g.batch_size, int) or g.batch_size % g.group_size or g.batch_size <= 0:
+        raise ConfigError(
+            "grpo.batch_size",
+            g.batch_size,
+            f"positive multiples of grpo.group_size={g.group_size}",
+        )
+    if g.batch_size % g.num_minibatches:
+        raise ConfigError(
+            "grpo.num_minibatches",
+            g.num_minibatches,
+            f"divisors of grpo.batch_size={g.batch_size} (the rollouts of a step)",
+        )
+
+
+def check_grpo_rows(config: Any, variant: GRPOVariant, data: int) -> None:
+    """`grpo.micro_batch_size` against the rows each of `data` devices holds of a mini-batch."""
+    try:
+        variant.rl_config(config).check_batch(int(config.grpo.batch_size), data)
+    except GRPOConfigError as e:
+        raise ConfigError(f"grpo.{e.field}", e.value, e.valid, e.hint) from e
+
+
+def grpo_trainer(
+    config: Any,
+    variant: GRPOVariant,
+    model_config: Any,
+    to_lora: Any,
+    *,
+    reward_fn: Any,
+    decode: Any,
+    eos: tuple[int, ...],
+    mesh: Any,
+) -> GRPOTrainer:
+    """The one GRPOTrainer of `config`'s run: the loop's (the task's reward and tokenizer) and the
+    plan's (placeholders: nothing is sampled)."""
+    return GRPOTrainer(
+        model_config,
+        variant.rl_config(config),
+        to_lora=to_lora,
+        reward_fn=reward_fn,
+        decode=decode,
+        eos_token_ids=eos,
+        mesh=mesh,
+    )
 
 
 @flax.struct.dataclass
@@ -46,21 +157,13 @@ class GRPOLoopState:
 class GRPOLoop:
     """init_state / step / policy for the GRPO-family methods."""
 
-    def __init__(self, run: Any):
+    def __init__(self, run: Any, variant: GRPOVariant):
         self.run = run
         c = run.config
-        self.name = c.method
         self.total_steps = c.grpo.steps
         self.num_prompts = c.grpo.batch_size // c.grpo.group_size
-        self.svd = c.method == "svdgrpo"
-        self.layout = lora_lib.GenomeLayout(
-            # Sorted: jax orders dict pytrees by key, so an adapter dict that went through jit or a
-            # checkpoint comes back sorted, and the genome layout must match that order.
-            targets=tuple(sorted(c.lora.targets)),
-            num_layers=run.model_config.num_layers,
-            rank=c.lora.rank,
-            num_free=lora_lib.num_free_values(c.lora.rank, c.essa.alpha),
-        )
+        self.svd = variant.svd
+        self.layout = genome_layout(c, run.model_config.num_layers)
         # The to_lora of the policy init_state builds (genome_policy / lora_policy); the trainer
         # needs it now, before the SFT adapter exists.
         if self.svd:
@@ -68,13 +171,14 @@ class GRPOLoop:
         else:
             self.to_lora = lora_lib.plain_to_lora
         tok = run.tokenizer
-        self.trainer = GRPOTrainer(
+        self.trainer = grpo_trainer(
+            c,
+            variant,
             run.model_config,
-            grpo_config(c),
-            to_lora=self.to_lora,
+            self.to_lora,
             reward_fn=run.reward_fn,
             decode=lambda ids: tok.decode(ids, skip_special_tokens=True),
-            eos_token_ids=run.sampler.eos_token_ids,
+            eos=run.sampler.eos_token_ids,
             mesh=run.mesh,
         )
         # Placed once: a jitted call would otherwise transfer the weights on every step.
@@ -147,3 +251,123 @@ class GRPOLoop:
             **m,
         }
         return state.replace(grpo=new, cursor=cursor), metrics, tokens
+
+
+def grpo_programs(inputs: ProgramInputs, variant: GRPOVariant) -> list[Program]:
+    """`grpo_rollout`, `grpo_score` (only when old / reference log-probs are needed) and
+    `grpo_update`, lowered from abstract inputs by the trainer the loop builds (`grpo_trainer`),
+    data-parallel over the run's mesh."""
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    from essa_jax.mesh import DATA_AXIS, axis_size, padded_size
+
+    c, mc, rep, mesh = inputs.config, inputs.mc, inputs.rep, inputs.mesh
+    tp, new = inputs.prompt_len, inputs.new_tokens
+    if variant.svd:
+        basis, layout = lora_lib.basis_shape(inputs.lora_shape, float(c.essa.alpha))
+        to_lora = lora_lib.genome_to_lora(layout)
+        frozen = abstract(basis, rep)
+        trainable = jax.ShapeDtypeStruct((layout.size,), jnp.float32, sharding=rep)
+    else:
+        to_lora, frozen = lora_lib.plain_to_lora, None
+        trainable = abstract(inputs.lora_shape, rep)
+    trainer = grpo_trainer(
+        c, variant, mc, to_lora, reward_fn=lambda *a, **k: [], decode=str, eos=inputs.eos,
+        mesh=mesh,
+    )  # fmt: skip
+    cfg = trainer.cfg
+    policy = FrozenPolicy(base=inputs.infer_base, adapter=frozen)
+    opt_state = abstract(jax.eval_shape(trainer.optimizer.init, trainable), rep)
+    num_prompts = int(c.grpo.batch_size) // int(c.grpo.group_size)
+    rows, seq = int(c.grpo.batch_size), tp + new
+    mb = rows // int(c.grpo.num_minibatches)
+    data = axis_size(mesh, DATA_AXIS)
+    sharded = rep if mesh is None else NamedSharding(mesh, PartitionSpec(DATA_AXIS))
+    sizes = mesh_sizes(mesh)
+
+    def arr(shape, dtype=jnp.int32, sharding=rep):
+        return jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)
+
+    def lower_rollout():
+        if mesh is None:
+            key = arr((2,), jnp.uint32)
+        else:  # the sharded step passes a typed key
+            key = jax.eval_shape(lambda: jax.random.key(0))
+            key = jax.ShapeDtypeStruct(key.shape, key.dtype, sharding=rep)
+        return trainer.rollout.lower(
+            policy, trainable, arr((num_prompts, tp)), arr((num_prompts, tp)), key
+        )
+
+    multi_update = cfg.epochs * cfg.num_minibatches > 1
+    need_old = multi_update and not cfg.use_generation_logprobs
+    need_ref = cfg.beta > 0
+    has_old = need_old or cfg.use_generation_logprobs
+    mb_pad = padded_size(mb, data)
+
+    def lower_update():
+        def rows_of(shape, dtype=jnp.int32):
+            return arr((mb_pad, *shape), dtype, sharded)
+
+        batch = RolloutBatch(
+            tokens=rows_of((seq,)),
+            attention_mask=rows_of((seq,)),
+            completion_mask=rows_of((new,), jnp.float32),
+            advantages=rows_of((), jnp.float32),
+            old_logp=rows_of((new,), jnp.float32) if has_old else None,
+            ref_logp=rows_of((new,), jnp.float32) if need_ref else None,
+        )
+        if mesh is None:
+            return trainer.update_step.lower(policy, trainable, opt_state, batch)
+        return trainer.update_step.lower(policy, trainable, opt_state, batch, num_rows=mb)
+
+    per_device = padded_size(rows, data) // data
+    programs = [
+        Program(
+            "grpo_rollout",
+            lower_rollout,
+            sizes,
+            {"rollout_rows_per_device": per_device, "grpo.rows_per_chunk": cfg.rows_per_chunk},
+            "a smaller grpo.rows_per_chunk, more devices, or a larger mesh.model",
+            model_flops(mc, per_device, tp, new),
+        )
+    ]
+    if need_old or need_ref:
+        rows_pad = padded_size(rows, data)
+
+        def lower_score():
+            return trainer.score.lower(
+                policy,
+                trainable,
+                arr((rows_pad, seq), sharding=sharded),
+                arr((rows_pad, seq), sharding=sharded),
+                with_policy=need_old,
+                with_ref=need_ref,
+            )
+
+        programs.append(
+            Program(
+                "grpo_score",
+                lower_score,
+                sizes,
+                {"score_rows_per_device": per_device},
+                "model.remat=True, a smaller grpo.batch_size, or a larger mesh.model",
+                model_flops(mc, per_device, seq) * (int(need_old) + int(need_ref)),
+            )
+        )
+    mb_per_device = mb_pad // data
+    programs.append(
+        Program(
+            "grpo_update",
+            lower_update,
+            sizes,
+            {
+                "minibatch_rows_per_device": mb_per_device,
+                "grpo.micro_batch_size": cfg.micro_batch_size or mb_per_device,
+                "sequence": seq,
+            },
+            "model.remat=True, a smaller grpo.micro_batch_size (rows per device), more "
+            "grpo.num_minibatches, or a larger mesh.model",
+            model_flops(mc, mb_per_device, seq, train=True, remat=cfg.remat),
+        )
+    )
+    return programs

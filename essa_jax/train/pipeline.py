@@ -40,9 +40,11 @@ from essa_jax.checkpointing import (
     WorkdirError,
     restore_checkpointer_with_fallback,
 )
-from essa_jax.config import RANDOM_PREFIX, search_seed, validate_config
+from essa_jax.config import search_seed
 from essa_jax.evaluation import heldout_accuracy, heldout_pass_at_k
+from essa_jax.models.loading import RANDOM_PREFIX
 from essa_jax.train import summary as summary_lib
+from essa_jax.train.methods import check_rows, get_method, validate_config
 from essa_jax.train.metrics import MetricsLogger, Progress
 from essa_jax.train.rollouts import PromptSet, Sampler, policy_sample_fn
 from essa_jax.train.sft import train_sft
@@ -127,21 +129,6 @@ def quantized_base(config, model_config: Any, params: Any) -> Any:
     return quantize_base(config.model.path, params, model_config, mode, group)
 
 
-def make_loop(run: Run):
-    method = run.config.method
-    if method == "essa":
-        from essa_jax.train.essa import ESSALoop
-
-        return ESSALoop(run)
-    if method in ("grpo", "fgrpo", "svdgrpo"):
-        from essa_jax.train.grpo import GRPOLoop
-
-        return GRPOLoop(run)
-    if method == "sft":
-        return None
-    raise ValueError(f"unknown method {method!r}")
-
-
 def data_parallel_mesh(config) -> Any:
     """The mesh of SFT and the GRPO family: `make_mesh(pop=1, data=devices / mesh.model,
     model=mesh.model)` over every process's devices (docs/ARCHITECTURE.md, "Data-parallel GRPO
@@ -156,12 +143,11 @@ def data_parallel_mesh(config) -> Any:
 
 
 def check_data_parallel(config, mesh: Any) -> None:
-    """The micro-batch sizes against the rows each device holds (they count rows per device:
-    ceil(batch / data)); raises ConfigError naming the field."""
-    from essa_jax.config import check_micro_batches
+    """The micro-batch sizes against the rows each device of `mesh` holds (`methods.check_rows`);
+    raises ConfigError naming the field."""
     from essa_jax.mesh import DATA_AXIS, axis_size
 
-    check_micro_batches(config, axis_size(mesh, DATA_AXIS))
+    check_rows(config, axis_size(mesh, DATA_AXIS))
 
 
 def _key_data(key: jax.Array) -> jax.Array:
@@ -319,7 +305,7 @@ def train_and_evaluate(config, workdir: str, *, resume: bool | None = None, verb
             f.write(config.to_json_best_effort(indent=2) + "\n")
 
     run = build_run(config, workdir, verbose=verbose)
-    loop = make_loop(run)
+    loop = get_method(config.method).make_loop(run)
     k_sft, _ = jax.random.split(jax.random.PRNGKey(config.seed))
     # The loop's key comes from search_seed (= seed unless set): same SFT, other search.
     _, k_loop = jax.random.split(jax.random.PRNGKey(search_seed(config)))

@@ -2,7 +2,8 @@
 
 import pytest
 
-from essa_jax.config import ConfigError, base_config, validate_config
+from essa_jax.config import ConfigError, base_config
+from essa_jax.train import validate_config
 
 
 def config(**model):

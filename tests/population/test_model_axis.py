@@ -9,7 +9,8 @@ import pytest
 from jax.sharding import PartitionSpec as P
 from pop_helpers import left_padded, randn
 
-from essa_jax.config import ConfigError, base_config, check_mesh_model, validate_config
+from essa_jax.config import ConfigError, base_config, check_mesh_model
+from essa_jax.train import validate_config
 from essa_jax.lora import LoraConfig, svd_factorize
 from essa_jax.memory import (
     generation_bytes_per_row,

@@ -11,7 +11,6 @@ from essa_jax.config import (
     ConfigError,
     base_config,
     grpo_config,
-    validate_config,
 )
 from essa_jax.rl import (
     GRPOConfig,
@@ -22,6 +21,7 @@ from essa_jax.rl import (
     register_weighting,
     weighting_names,
 )
+from essa_jax.train import get_method, validate_config
 
 
 def _config(method="grpo", **overrides):
@@ -54,12 +54,44 @@ def test_every_grpo_config_field_comes_from_the_experiment_config():
 
 
 @pytest.mark.parametrize(
-    "method, weighting, gamma",
-    [("grpo", "none", 0.0), ("svdgrpo", "none", 0.0), ("fgrpo", "focal", 0.5)],
+    "method, overrides, weighting, gamma",
+    [
+        ("grpo", {}, "none", 0.0),
+        ("svdgrpo", {}, "none", 0.0),
+        ("fgrpo", {}, "focal", 0.5),  # the preset
+        ("grpo", {"grpo.weighting": "focal", "grpo.focal_gamma": 0.5}, "focal", 0.5),
+    ],
 )
-def test_method_maps_to_the_weighting(method, weighting, gamma):
-    g = grpo_config(_config(method))
+def test_method_maps_to_the_weighting(method, overrides, weighting, gamma):
+    c = _config(method, **overrides)
+    validate_config(c, num_devices=1)
+    g = get_method(method).variant.rl_config(c)
     assert (g.weighting, g.gamma) == (weighting, gamma)
+
+
+def test_weighting_chosen_by_name_with_its_parameters():
+    @register_weighting("test_above", overwrite=True)
+    def above(rewards, group_size, cfg):
+        return (rewards > cfg.weighting_kwargs["threshold"]).astype(rewards.dtype)
+
+    c = _config(**{"grpo.weighting": "test_above", "grpo.weighting_args": {"threshold": 0.5}})
+    validate_config(c, num_devices=1)
+    g = grpo_config(c)
+    assert (g.weighting, g.weighting_kwargs) == ("test_above", {"threshold": 0.5})
+    hash(g)  # a jit static argument
+    w = get_weighting(g.weighting)(jnp.array([0.0, 1.0, 0.4, 0.6]), 2, g)
+    np.testing.assert_array_equal(w, [0.0, 1.0, 0.0, 1.0])
+    # Its parameter missing: the weighting cannot run, found before any weight is read.
+    with pytest.raises(ConfigError) as e:
+        validate_config(_config(**{"grpo.weighting": "test_above"}), num_devices=1)
+    assert e.value.field == "grpo.weighting_args" and "threshold" in str(e.value)
+    with pytest.raises(ConfigError) as e:
+        validate_config(_config(**{"grpo.weighting": "nope"}), num_devices=1)
+    assert e.value.field == "grpo.weighting" and "'test_above'" in str(e.value)
+    # fgrpo is the focal preset: another weighting there is a contradiction, named.
+    with pytest.raises(ConfigError) as e:
+        validate_config(_config("fgrpo", **{"grpo.weighting": "test_above"}), num_devices=1)
+    assert e.value.field == "grpo.weighting"
 
 
 def test_overrides_reach_the_grpo_config():
@@ -79,7 +111,7 @@ def test_overrides_reach_the_grpo_config():
         },
     )
     validate_config(c, num_devices=1)
-    g = grpo_config(c)
+    g = get_method(c.method).variant.rl_config(c)
     assert (g.loss, g.eps_low, g.eps_high, g.advantage, g.agg) == (
         "cispo", 1.0, 5.0, "none", "seq_mean_token_sum_norm",
     )  # fmt: skip

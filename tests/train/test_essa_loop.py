@@ -72,3 +72,61 @@ def test_strategy_settings_come_from_the_config(tmp_path):
     # The loop's mesh is every device (the run's one mesh), population axis first.
     assert loop.mesh.shape["pop"] == jax.device_count()
     assert np.asarray(loop.mesh.devices).size == jax.device_count()
+
+
+def test_a_strategy_with_a_per_coordinate_sigma_and_its_own_args(tmp_path):
+    """The loop reads only what the Strategy protocol promises (mean [D], sigma [] or [D]): a
+    separable strategy with one step size per coordinate and a hyper-parameter of its own
+    (`essa.strategy_args`), and no bookkeeping fields, runs a generation."""
+    import dataclasses
+
+    import flax.struct
+    import jax.numpy as jnp
+
+    from essa_jax.es import STRATEGIES, register_strategy
+    from essa_jax.train import validate_config
+
+    @flax.struct.dataclass
+    class State:
+        mean: jax.Array
+        sigma: jax.Array  # [D]
+
+    @dataclasses.dataclass(frozen=True)
+    class PerCoordinate:
+        num_dims: int
+        population_size: int
+        sigma_init: float
+        shrink: float = 1.0
+
+        def init(self, key, mean):
+            sigma = self.sigma_init * (1.0 + jnp.arange(self.num_dims) / self.num_dims)
+            return State(mean=mean, sigma=sigma)
+
+        def ask(self, key, state):
+            z = jax.random.normal(key, (self.population_size, self.num_dims))
+            return state.mean + state.sigma * z
+
+        def tell(self, state, population, fitness):
+            best = population[jnp.argmax(fitness)]
+            return State(mean=best, sigma=state.sigma * self.shrink)
+
+    register_strategy("test_per_coordinate", PerCoordinate)
+    try:
+        overrides = {
+            "essa.strategy": "test_per_coordinate",
+            "essa.strategy_args": {"shrink": 0.5},
+            "essa.skip_flat": False,
+        }
+        run = _run(tmp_path, **overrides)
+        validate_config(run.config, num_devices=jax.device_count())
+        loop = ESSALoop(run)
+        assert loop.strategy.shrink == 0.5
+        state = loop.init_state(jax.random.PRNGKey(0), _sft_like_lora(run))
+        sigma0 = np.asarray(state.es.sigma)
+        assert sigma0.shape == (loop.layout.size,)
+        new, metrics, _ = loop.step(state)
+    finally:
+        STRATEGIES.pop("test_per_coordinate")
+    np.testing.assert_allclose(metrics["sigma"], 0.5 * sigma0.mean(), rtol=1e-6)
+    moved = np.linalg.norm(np.asarray(new.es.mean) - np.asarray(state.es.mean))
+    assert moved > 0 and metrics["update_norm"] == pytest.approx(moved, rel=1e-6)

@@ -12,7 +12,8 @@ import numpy as np
 import optax
 import pytest
 
-from essa_jax.config import ConfigError, base_config, validate_config
+from essa_jax.config import ConfigError, base_config
+from essa_jax.train import validate_config
 from essa_jax.lora import LoraConfig, init_lora
 from essa_jax.lora.adapter import master_weights
 from essa_jax.models import hidden_states
