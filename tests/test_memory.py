@@ -7,7 +7,6 @@ import jax.numpy as jnp
 import pytest
 
 from essa_jax import config as config_lib
-from essa_jax.train import validate_config
 from essa_jax.memory import (
     cache_slots,
     choose_rows_per_chunk,
@@ -19,6 +18,7 @@ from essa_jax.memory import (
 )
 from essa_jax.models import init_cache, init_params, prefill
 from essa_jax.models.tiny import tiny_model_config
+from essa_jax.train import validate_config
 
 CFG = tiny_model_config("tiny")
 

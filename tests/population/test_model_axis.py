@@ -10,7 +10,6 @@ from jax.sharding import PartitionSpec as P
 from pop_helpers import left_padded, randn
 
 from essa_jax.config import ConfigError, base_config, check_mesh_model
-from essa_jax.train import validate_config
 from essa_jax.lora import LoraConfig, svd_factorize
 from essa_jax.memory import (
     generation_bytes_per_row,
@@ -21,6 +20,7 @@ from essa_jax.memory import (
 from essa_jax.mesh import make_mesh
 from essa_jax.models import init_cache, init_params, tiny_model_config
 from essa_jax.population import PopulationEvaluator, PromptBatch
+from essa_jax.train import validate_config
 
 T, N = 5, 6
 
