@@ -36,8 +36,12 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-IFEVAL_REWARDS = ("ifeval_inst_strict", "ifeval_inst_loose", "ifeval_prompt_strict",
-                  "ifeval_prompt_loose")  # fmt: skip
+IFEVAL_REWARDS = (
+    "ifeval_inst_strict",
+    "ifeval_inst_loose",
+    "ifeval_prompt_strict",
+    "ifeval_prompt_loose",
+)
 INSTALL_HINT = "pip install 'essa_jax[lmeval]'"
 
 
@@ -99,8 +103,10 @@ def reference():
         langdetect.DetectorFactory.seed = 0
         from lm_eval.tasks.ifeval import utils
     except ImportError as e:
-        raise ImportError(f"the IFEval rewards need lm-eval and its checkers' packages "
-                          f"({e.name} is missing): {INSTALL_HINT}") from e  # fmt: skip
+        raise ImportError(
+            f"the IFEval rewards need lm-eval and its checkers' packages "
+            f"({e.name} is missing): {INSTALL_HINT}"
+        ) from e
     return utils
 
 
@@ -159,8 +165,10 @@ def _make(level: str, loose: bool):
 
     reward.__name__ = name
     what = "fraction of the prompt's instructions" if level == "inst" else "1.0 when all"
-    reward.__doc__ = f"IFEval {level}-level {'loose' if loose else 'strict'} reward: {what} " \
-        "followed (module docstring)."  # fmt: skip
+    reward.__doc__ = (
+        f"IFEval {level}-level {'loose' if loose else 'strict'} reward: {what} "
+        "followed (module docstring)."
+    )
     return reward
 
 

@@ -6,8 +6,10 @@ SFT targets and wraps the reward so that a failing reward can never crash a run.
 
 SFT target (our choice): the text after the prompt that a correct answer would have. With the
 "prefill" and "assistant" formats the prompt already ends with "A + B = ", so the target is the
-answer; otherwise the example's worked `solution` (if any) followed by the answer in \\boxed{},
-else just the boxed answer. EOS is appended.
+answer; instruction-following (IFEval) examples, whose `answer` is a reference response that
+follows the instructions, train on that response as it is; otherwise the example's worked
+`solution` (if any) followed by the answer in \\boxed{}, else just the boxed answer. EOS is
+appended.
 """
 
 from __future__ import annotations
@@ -52,7 +54,7 @@ def data_task_config(task, seed: int) -> dict[str, Any]:
 def reference_completion(example: dict[str, Any], prompt_format: str) -> str:
     """SFT target text of an example (module docstring), without EOS."""
     answer = str(example["answer"])
-    if prompt_format in PREFILL_FORMATS:
+    if prompt_format in PREFILL_FORMATS or "instruction_id_list" in example:
         return answer
     solution = example.get("solution") or ""
     boxed = f"The final answer is \\boxed{{{answer}}}."

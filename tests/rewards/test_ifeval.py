@@ -4,10 +4,10 @@ import pytest
 
 pytest.importorskip("lm_eval")
 
+from ifeval_corpus import CASES, PROMPT  # noqa: E402
+
 from essa_jax.rewards import REWARDS, get_reward, guard_reward  # noqa: E402
 from essa_jax.rewards import ifeval as ife  # noqa: E402
-
-from ifeval_corpus import CASES, PROMPT  # noqa: E402
 
 
 def _reference_metrics(prompt, ids, kwargs, response):
