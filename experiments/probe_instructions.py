@@ -70,8 +70,9 @@ def main() -> int:
     t0 = time.time()
     greedy = run({"until": [], "max_gen_toks": max_new, "do_sample": False}, 1)
     t_greedy = time.time() - t0
-    sampled = run({"until": [], "max_gen_toks": max_new, "do_sample": True, "temperature": 1.0},
-                  args.samples)  # fmt: skip
+    sampled = run(
+        {"until": [], "max_gen_toks": max_new, "do_sample": True, "temperature": 1.0}, args.samples
+    )
     t_sampled = time.time() - t0 - t_greedy
 
     def verdicts(ex, text):

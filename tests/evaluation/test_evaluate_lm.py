@@ -22,9 +22,20 @@ def test_ifeval_file_end_to_end(tmp_path):
     path, held = _ifeval_file(tmp_path)
     out = tmp_path / "res.json"
     rc = evaluate_lm.main(
-        ["--model", "random:tiny", "--ifeval_file", str(path), "--max_gen_toks", "8",
-         "--batch_size", "4", "--samples", "--output", str(out)]
-    )  # fmt: skip
+        [
+            "--model",
+            "random:tiny",
+            "--ifeval_file",
+            str(path),
+            "--max_gen_toks",
+            "8",
+            "--batch_size",
+            "4",
+            "--samples",
+            "--output",
+            str(out),
+        ]
+    )
     assert rc == 0
     res = json.loads(out.read_text())
     metrics = res["results"]["ifeval_local"]
@@ -38,10 +49,13 @@ def test_ifeval_file_end_to_end(tmp_path):
     responses = {s["doc_id"]: s["response"] for s in res["samples"]["ifeval_local"]}
     assert len(responses) == len(held)
     strict = [
-        all(follow_instructions(ex["prompt"], responses[i], ex["instruction_id_list"],
-                                ex["kwargs"], loose=False))
+        all(
+            follow_instructions(
+                ex["prompt"], responses[i], ex["instruction_id_list"], ex["kwargs"], loose=False
+            )
+        )
         for i, ex in enumerate(held)
-    ]  # fmt: skip
+    ]
     assert metrics["prompt_level_strict_acc,none"] == pytest.approx(sum(strict) / len(held))
 
 

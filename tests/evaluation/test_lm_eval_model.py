@@ -48,9 +48,15 @@ def _req(kind, args, i=0):
 def _own_greedy(config, params, tok, lora, context, max_new):
     ids = jnp.asarray([tok.encode(context)])
     gen = generate(
-        params, config, ids, jnp.ones_like(ids), jax.random.PRNGKey(0),
-        max_new_tokens=max_new, greedy=True, lora=lora,
-    )  # fmt: skip
+        params,
+        config,
+        ids,
+        jnp.ones_like(ids),
+        jax.random.PRNGKey(0),
+        max_new_tokens=max_new,
+        greedy=True,
+        lora=lora,
+    )
     return decode_completions(tok, gen.tokens, gen.lengths, config.eos_token_ids)[0]
 
 
@@ -137,8 +143,10 @@ def test_simple_evaluate_on_local_tasks(model, tmp_path):
     from lm_eval.tasks import TaskManager
 
     config, params, tok, lora = model
-    rows = [{"q": f"{a} + {b} =", "a": str(a + b), "choices": [str(a + b), str(a - b)], "gold": 0}
-            for a, b in [(1, 2), (3, 4), (5, 1), (2, 2), (7, 3), (6, 6)]]  # fmt: skip
+    rows = [
+        {"q": f"{a} + {b} =", "a": str(a + b), "choices": [str(a + b), str(a - b)], "gold": 0}
+        for a, b in [(1, 2), (3, 4), (5, 1), (2, 2), (7, 3), (6, 6)]
+    ]
     data = tmp_path / "toy.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     common = f"""
@@ -149,20 +157,26 @@ def test_simple_evaluate_on_local_tasks(model, tmp_path):
         test_split: test
         doc_to_text: "{{{{q}}}}"
     """
-    (tmp_path / "gen.yaml").write_text(textwrap.dedent(common) + textwrap.dedent("""
+    (tmp_path / "gen.yaml").write_text(
+        textwrap.dedent(common)
+        + textwrap.dedent("""
         task: toy_gen
         output_type: generate_until
         doc_to_target: "{{a}}"
         generation_kwargs: {until: ["\\n"], max_gen_toks: 6, do_sample: false}
         metric_list: [{metric: exact_match, aggregation: mean, higher_is_better: true}]
-    """))  # fmt: skip
-    (tmp_path / "mc.yaml").write_text(textwrap.dedent(common) + textwrap.dedent("""
+    """)
+    )
+    (tmp_path / "mc.yaml").write_text(
+        textwrap.dedent(common)
+        + textwrap.dedent("""
         task: toy_mc
         output_type: multiple_choice
         doc_to_target: gold
         doc_to_choice: "{{choices}}"
         metric_list: [{metric: acc, aggregation: mean, higher_is_better: true}]
-    """))  # fmt: skip
+    """)
+    )
     lm = EssaJaxLM(config, params, tok, lora=lora, batch_size=4)
     out = simple_evaluate(
         model=lm,
