@@ -24,11 +24,12 @@ stopped and started again):
    level strict and loose accuracy, mean and per seed; per instruction type; loop wall-clock,
    generations / steps done) and a table on stdout.
 
-Time (2-core CPU, float32; not yet measured end to end): decoding 64 tokens runs ~1.5 rows/s
-(experiments/results/instructions_probe.json), so an ESSA generation (16 candidates x 8 prompts)
-is ~1.5 min, a GRPO step (32 rollouts + update) ~40 s, a held-out evaluation (200 rows) ~2.5 min
-and each lm-eval pass ~2.5 min. With WALL = 1800 s: sft ~8 min, each ESSA / GRPO run ~40 min,
-so the default plan (sft + 2 seeds x 2 methods) is ~3 h; `--dry_run` prints the commands.
+Time (2-core CPU, float32; not yet measured end to end): the probe decoded 64 new tokens at ~0.5
+rows/s with the machine shared (load ~10; experiments/results/instructions_probe.json), so an ESSA
+generation (16 candidates x 8 greedy prompts, stopping at EOS) takes 1-4 min, a GRPO step (32
+rollouts + update) 0.5-1 min, a held-out evaluation or an lm-eval pass (200 rows) 3-7 min. With
+WALL = 1800 s: sft ~15 min, each ESSA / GRPO run ~50 min, so the default plan (sft + 2 seeds x 2
+methods) is ~3.5 h; `--dry_run` prints the commands.
 
     experiments/compare_instructions.sh                     # the plan above, then the report
     SEEDS="0 1 2" WALL=3600 experiments/compare_instructions.sh

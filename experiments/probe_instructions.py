@@ -51,6 +51,10 @@ def main() -> int:
     from essa_jax.train.pipeline import load_model
     from essa_jax.train.tasks import data_task_config
 
+    # The code that runs: HEAD now, not at the end (commits may land while the probe runs).
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
+    ).stdout.strip()
     config = load_config_file(CONFIG)
     task = load_task(data_task_config(config.task, config.seed))
     examples = task.eval[: args.problems]
@@ -100,9 +104,6 @@ def main() -> int:
     samp_prompt, samp_inst = np.asarray(samp_prompt), np.asarray(samp_inst)
     correct = samp_prompt.sum(1).astype(int)
     ks = [k for k in (1, 2, 4, 8, 16, 32) if k <= args.samples]
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
-    ).stdout.strip()
     result = {
         "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M+00:00"),
         "commit": commit,
