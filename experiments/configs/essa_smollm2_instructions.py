@@ -11,8 +11,9 @@ Everything else is essa_smollm2_arith.py (the tuned CPU setting of this model: L
 top singular value of each factor, greedy rollouts), with the lengths of this task: prompts of
 64-96 tokens (SmolLM2's default system turn), reference responses of up to 53 tokens, and 8
 prompts per candidate (a generation is 16 x 8 rows of up to 64 new tokens; the probe decoded 64
-tokens at ~0.5 rows/s on the shared 2-core CPU, experiments/results/instructions_probe.json). The SFT target is
-each prompt's reference response, built with the prompt so that it follows every instruction.
+tokens at ~0.5 rows/s on the shared 2-core CPU, experiments/results/instructions_probe.json). The
+SFT target is each prompt's reference response, built with the prompt so that it follows every
+instruction.
 """
 
 import os
