@@ -108,7 +108,26 @@ def load_task(task_config, seed: int):
 
     task = data_load_task(data_task_config(task_config, seed))
     _check_prefill(task_config, task.train + task.eval)
+    _check_reward_installed(task.reward)
     return task, guard_reward(get_reward(task.reward))
+
+
+def _check_reward_installed(name: str) -> None:
+    """The IFEval rewards call lm-eval's checkers (the `lmeval` extra): without it every
+    completion would fail to score, so a run stops before loading weights, in one line."""
+    from essa_jax.rewards import IFEVAL_REWARDS
+
+    if name not in IFEVAL_REWARDS:
+        return
+    from essa_jax.config import ConfigError
+    from essa_jax.rewards.ifeval import reference
+
+    try:
+        reference()
+    except ImportError as e:
+        raise ConfigError(
+            "task.reward", name, "a reward whose packages are installed", str(e)
+        ) from e
 
 
 def _check_prefill(task_config, examples: Sequence[dict[str, Any]]) -> None:

@@ -120,3 +120,26 @@ def test_malformed_ifeval_rows_are_named(tmp_path, bad, why):
     path.write_text(json.dumps([row]))
     with pytest.raises(MalformedRowError, match=why):
         load_examples(path, format="ifeval")
+
+
+def test_ifeval_reward_without_lm_eval_is_a_config_error(monkeypatch):
+    """A run on an IFEval reward without the lmeval extra stops in one line (ConfigError)."""
+    from essa_jax.config import ConfigError, base_config
+    from essa_jax.rewards import ifeval
+    from essa_jax.train.tasks import load_task as run_task
+
+    c = base_config()
+    c.task.name = "instructions_l1"
+    c.task.prompt_format = "chat"
+    c.task.reward = "ifeval_prompt_strict"
+    c.task.num_train, c.task.num_heldout = 8, 4
+
+    def missing():
+        raise ImportError("the IFEval rewards need lm-eval: pip install 'essa_jax[lmeval]'")
+
+    monkeypatch.setattr(ifeval, "reference", missing)
+    with pytest.raises(ConfigError, match=r"task.reward.*essa_jax\[lmeval\]"):
+        run_task(c.task, 0)
+    monkeypatch.undo()
+    task, reward = run_task(c.task, 0)
+    assert task.reward == "ifeval_prompt_strict" and len(task.train) == 8
