@@ -112,9 +112,9 @@ def reference():
 
 def instruction_types() -> tuple[str, ...]:
     """Every IFEval instruction id the reference checks (25 with lm-eval 0.4)."""
+    reference()  # first: lm-eval's ifeval modules would otherwise try to download punkt_tab
     from lm_eval.tasks.ifeval import instructions_registry
 
-    reference()
     return tuple(sorted(instructions_registry.INSTRUCTION_DICT))
 
 
