@@ -72,7 +72,7 @@ def _own_loglik(config, params, tok, lora, context, continuation):
 def test_generate_until_matches_our_greedy_generate(model, with_lora):
     config, params, tok, lora = model
     lora = lora if with_lora else None
-    lm = EssaJaxLM(config, params, tok, lora=lora, batch_size=3)
+    lm = EssaJaxLM(config, params, tok, lora=lora, batch_size=4)
     gk = {"until": ["\n\n"], "max_gen_toks": 12, "do_sample": False}
     got = lm.generate_until([_req("generate_until", (c, gk), i) for i, c in enumerate(CONTEXTS)])
     want = [_own_greedy(config, params, tok, lora, c, 12).split("\n\n")[0] for c in CONTEXTS]
@@ -92,14 +92,14 @@ def test_adapter_changes_what_is_generated_and_scored(model):
 
 def test_until_cuts_at_the_first_stop_string(model):
     config, params, tok, lora = model
-    lm = EssaJaxLM(config, params, tok, lora=lora, batch_size=2)
-    full = lm.generate_until([_req("generate_until", ("abc", {"until": [], "max_gen_toks": 16}))])[
+    lm = EssaJaxLM(config, params, tok, lora=lora, batch_size=4)
+    full = lm.generate_until([_req("generate_until", ("abc", {"until": [], "max_gen_toks": 12}))])[
         0
     ]
     assert len(full) >= 4
     stop = full[2:4]
     cut = lm.generate_until(
-        [_req("generate_until", ("abc", {"until": [stop], "max_gen_toks": 16}))]
+        [_req("generate_until", ("abc", {"until": [stop], "max_gen_toks": 12}))]
     )
     assert cut == [full.split(stop)[0]] and len(cut[0]) < len(full)
 
@@ -108,7 +108,7 @@ def test_until_cuts_at_the_first_stop_string(model):
 def test_loglikelihood_matches_sequence_logprobs(model, with_lora):
     config, params, tok, lora = model
     lora = lora if with_lora else None
-    lm = EssaJaxLM(config, params, tok, lora=lora, batch_size=3)
+    lm = EssaJaxLM(config, params, tok, lora=lora, batch_size=4)
     pairs = [(c, " blue and green") for c in CONTEXTS] + [("2 + 2 =", " 4")]
     got = lm.loglikelihood([_req("loglikelihood", p, i) for i, p in enumerate(pairs)])
     for (lp, greedy), p in zip(got, pairs, strict=True):
@@ -163,7 +163,7 @@ def test_simple_evaluate_on_local_tasks(model, tmp_path):
         task: toy_gen
         output_type: generate_until
         doc_to_target: "{{a}}"
-        generation_kwargs: {until: ["\\n"], max_gen_toks: 6, do_sample: false}
+        generation_kwargs: {until: ["\\n"], max_gen_toks: 12, do_sample: false}
         metric_list: [{metric: exact_match, aggregation: mean, higher_is_better: true}]
     """)
     )
@@ -186,7 +186,7 @@ def test_simple_evaluate_on_local_tasks(model, tmp_path):
     )
     gen_samples = out["samples"]["toy_gen"]
     assert len(gen_samples) == len(rows)
-    want = [_own_greedy(config, params, tok, lora, r["q"], 6).split("\n")[0] for r in rows]
+    want = [_own_greedy(config, params, tok, lora, r["q"], 12).split("\n")[0] for r in rows]
     assert [s["resps"][0][0] for s in sorted(gen_samples, key=lambda s: s["doc_id"])] == want
     scores = [
         [_own_loglik(config, params, tok, lora, r["q"], " " + c)[0] for c in r["choices"]]
