@@ -136,6 +136,7 @@ def test_rolling_loglikelihood_is_the_texts_total(model):
     assert got == pytest.approx(want, abs=len(ids) * TOL_PER_TOKEN)
 
 
+@pytest.mark.slow
 def test_simple_evaluate_on_local_tasks(model, tmp_path):
     """lm-eval runs our model on local-file tasks (no hub): a generation task and a multiple-choice
     task, whose accuracy is recomputed from our own log-likelihoods."""
