@@ -16,7 +16,8 @@ things, which this class answers with the library's own functions:
 `apply_chat_template` renders lm-eval's chat turns with the tokenizer's template
 (`--apply_chat_template`). The adapter is the `{target: adapter}` LoRA hook of `models.forward`
 (e.g. a run's `adapter/` folder read by `lora.import_peft`); a full-parameter checkpoint enters as
-`params`. Registered with lm-eval as "essa_jax" when this module is imported; the command that
+`params`. The instance is handed to `lm_eval.simple_evaluate(model=...)` (it is not in lm-eval's
+registry: lm-eval's own command line could not build it from a string); the command that
 evaluates a finished run is `python -m essa_jax.evaluate_lm` (docs/IFEVAL.md).
 
 This module imports lm-eval; nothing else in the library does at import time.
@@ -32,7 +33,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from lm_eval.api.model import LM
-from lm_eval.api.registry import register_model
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
 from essa_jax.models import (
@@ -74,7 +74,6 @@ def continuation_scores(
     return logp[..., 0], jnp.argmax(logits, axis=-1) == targets
 
 
-@register_model("essa_jax")
 class EssaJaxLM(LM):
     """An essa_jax decoder (and optional LoRA) behind lm-eval's `LM` interface (module docstring).
 
@@ -216,7 +215,11 @@ class EssaJaxLM(LM):
             texts: list[str | None] = [None] * len(chunk)
             for (max_new, greedy, temperature), idx in groups.items():
                 done = self._generate(
-                    [chunk[i].args[0] for i in idx], max_new, greedy, temperature, start + idx[0]
+                    [chunk[i].args[0] for i in idx],
+                    max_new,
+                    greedy,
+                    temperature,
+                    [start + i for i in idx],
                 )
                 for i, text in zip(idx, done, strict=True):
                     texts[i] = _cut(text, _until(chunk[i].args[1]))
@@ -232,16 +235,21 @@ class EssaJaxLM(LM):
         return max_new, greedy, 1.0 if greedy else temperature
 
     def _generate(
-        self, contexts: list[str], max_new: int, greedy: bool, temperature: float, first: int
+        self,
+        contexts: list[str],
+        max_new: int,
+        greedy: bool,
+        temperature: float,
+        request_ids: list[int],
     ) -> list[str]:
+        """Completions of `contexts`; a sampled row draws with fold_in(key, its request index)."""
         keep = max(1, self.max_length - max_new)  # the context's last tokens that fit
         rows = [self.encode(c)[-keep:] or [self.prefix_token_id] for c in contexts]
         n = len(rows)
         rows += [rows[0]] * (self.batch_size - n)
         tokens, mask = pad_left(rows, self.pad_id, length=_bucket(max(len(r) for r in rows)))
-        keys = jax.vmap(lambda i: jax.random.fold_in(self.key, i))(
-            jnp.arange(first, first + len(rows))
-        )
+        ids = request_ids + [request_ids[0]] * (len(rows) - n)  # padding rows: copies of row 0
+        keys = jax.vmap(lambda i: jax.random.fold_in(self.key, i))(jnp.asarray(ids))
         gen = generate_jit(
             self.params,
             self.config,

@@ -80,6 +80,20 @@ def test_generate_until_matches_our_greedy_generate(model, with_lora):
     assert got == want
 
 
+def test_sampled_requests_draw_with_their_own_key(model):
+    """do_sample at T = 1: request i samples with fold_in(key(seed), i), whatever its batch."""
+    config, params, tok, lora = model
+    lm = EssaJaxLM(config, params, tok, lora=lora, batch_size=4, seed=5)
+    gk = {"until": [], "max_gen_toks": 12, "do_sample": True, "temperature": 1.0}
+    got = lm.generate_until([_req("generate_until", ("abc", gk), i) for i in range(3)])
+    assert len(set(got)) > 1  # same context, different draws
+    for i, text in enumerate(got):
+        ids = jnp.asarray([tok.encode("abc")])
+        key = jax.random.fold_in(jax.random.PRNGKey(5), i)[None]
+        gen = generate(params, config, ids, jnp.ones_like(ids), key, max_new_tokens=12, lora=lora)
+        assert text == decode_completions(tok, gen.tokens, gen.lengths, config.eos_token_ids)[0]
+
+
 def test_adapter_changes_what_is_generated_and_scored(model):
     config, params, tok, lora = model
     base, tuned = EssaJaxLM(config, params, tok), EssaJaxLM(config, params, tok, lora=lora)
