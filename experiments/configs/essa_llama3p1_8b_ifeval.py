@@ -22,44 +22,27 @@ prompts up to 256 tokens (IFEval's longest prompts are ~200 Llama-3 tokens). Mem
 --device_memory_gb 80` (docs/IFEVAL.md records the result).
 """
 
-from essa_jax.config import UNSET, base_config
+import os
+
+from essa_jax.config import UNSET, load_config_file
 
 
 def get_config():
-    c = base_config()
-    c.method = "essa"
+    # The paper's defaults as essa_qwen2p5_7b_gsm8k.py sets them (LoRA r8 on q/k/v/o, SFT batch 16
+    # at 2e-4 in micro-batches of 2, CMA-ES population 96 x 100 prompts per candidate, sigma 0.1,
+    # alpha 1.0, greedy, rows in chunks of 300, 512 new tokens, bf16); the model and task here.
+    here = os.path.dirname(__file__)
+    c = load_config_file(os.path.join(here, "essa_qwen2p5_7b_gsm8k.py"))
     c.model.path = UNSET  # /path/to/Llama-3.1-8B(-Instruct): HF dir with config.json + safetensors
     c.model.name = "Llama-3.1-8B"  # its shape, for the plan (essa_jax.plan)
-    c.model.dtype = "bfloat16"
     c.task.name = "ifeval"
     c.task.path = UNSET  # IFEval-format training rows with a `response` column
     c.task.eval_path = UNSET  # IFEval-format held-out rows (e.g. IFEval's 541 prompts)
-    c.task.prompt_format = "chat"
     c.task.system_prompt = "default"  # the chat template's own
     c.task.reward = "ifeval_inst_strict"
     c.task.num_train = 10000
     c.task.num_heldout = 541
     c.task.max_prompt_tokens = 256
-    c.lora.rank = 8  # paper default
-    c.lora.alpha = 16.0
-    c.lora.targets = ("q", "k", "v", "o")
     c.sft.steps = 300
-    c.sft.batch_size = 16
-    c.sft.learning_rate = 2e-4
-    c.sft.micro_batch_size = 2  # rows per device at a time (16 / 8 devices)
-    c.essa.strategy = "cma_es"
-    c.essa.population_size = 96  # paper default (24 .. 96)
-    c.essa.prompts_per_candidate = 100  # "batch" 100 (100 .. 300)
-    c.essa.generations = 200
-    c.essa.sigma_init = 0.1
-    c.essa.alpha = 1.0
-    c.essa.greedy = True
-    c.essa.prompt_sampling = "per_candidate"
-    # Rows per device at a time: 12 members x 100 prompts = 1200 rows per device; the chunk is
-    # the plan's (docs/IFEVAL.md).
-    c.essa.rows_per_chunk = 300
-    c.generation.max_new_tokens = 512
-    c.eval.every = 10
     c.eval.batch_size = 128
-    c.checkpoint.every = 10
     return c
