@@ -268,8 +268,10 @@ def _flag(value: Any) -> str:
     return str(value)
 
 
-def command(python: str, overrides: Mapping[str, Any], wd: str) -> list[str]:
-    cmd = [python, "-m", "essa_jax.main", "--config", BASE_CONFIG, "--workdir", wd]
+def command(
+    python: str, overrides: Mapping[str, Any], wd: str, config_path: str = BASE_CONFIG
+) -> list[str]:
+    cmd = [python, "-m", "essa_jax.main", "--config", config_path, "--workdir", wd]
     return cmd + [f"--config.{k}={_flag(v)}" for k, v in overrides.items()]
 
 
@@ -278,8 +280,7 @@ def subprocess_runner(python: str) -> Runner:
     its output appended to <workdir>/log.txt."""
 
     def run(config_path: str, overrides: dict[str, Any], wd: str) -> None:
-        assert config_path == BASE_CONFIG
-        cmd = command(python, overrides, wd)
+        cmd = command(python, overrides, wd, config_path)
         with open(os.path.join(wd, "log.txt"), "a") as log:
             rc = subprocess.call(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
         if rc:
@@ -308,7 +309,13 @@ def inprocess_runner(config_path: str, overrides: dict[str, Any], wd: str) -> No
     train_and_evaluate(config, wd, verbose=False)
 
 
-def ensure_run(runner: Runner, overrides: dict[str, Any], wd: str, label: str) -> bool:
+def ensure_run(
+    runner: Runner,
+    overrides: dict[str, Any],
+    wd: str,
+    label: str,
+    config_path: str = BASE_CONFIG,
+) -> bool:
     """Run unless finished (summary.json); resume when interrupted. Refuses a workdir started
     with other settings (a changed STEPS or task would otherwise mix two plans in one run).
     Returns True when it ran."""
@@ -331,7 +338,7 @@ def ensure_run(runner: Runner, overrides: dict[str, Any], wd: str, label: str) -
             json.dump(plan, f, indent=1)
     print(f"[{time.strftime('%H:%M:%S')}] {label} -> {wd}", flush=True)
     t0 = time.time()
-    runner(BASE_CONFIG, overrides, wd)
+    runner(config_path, overrides, wd)
     # The finishing invocation's wall-clock, all included (an interrupted part is not counted).
     with open(os.path.join(wd, "run_wall_seconds.json"), "w") as f:
         json.dump({"run_wall_seconds": time.time() - t0}, f)

@@ -28,6 +28,7 @@ LAYERS = {
     "config_fields": 4,
     "train": 5,
     "main": 5,
+    "evaluate_lm": 5,
     "plan": 5,
     "plan_report": 5,
     "plot": 5,
@@ -95,3 +96,27 @@ def test_imports_respect_the_layers(name, path):
             if me == "es" and imp.startswith(ALLOWED_IN_ES):
                 continue
             assert not (imp == bad.rstrip(".") or imp.startswith(bad)), f"{name} imports {imp}"
+
+
+# lm-eval is an optional extra (`essa_jax[lmeval]`): only the lm-eval model class imports it at
+# module level, and no package __init__ imports that module, so the library imports without it.
+LM_EVAL_AT_IMPORT = {"essa_jax.evaluation.lm_eval_model"}
+
+
+def _top_level_imports(path: Path) -> set[str]:
+    out = set()
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            out.add(node.module or "")
+    return out
+
+
+@pytest.mark.parametrize("name,path", list(_modules()), ids=lambda x: str(x))
+def test_lm_eval_stays_optional(name, path):
+    top = _top_level_imports(path)
+    if name not in LM_EVAL_AT_IMPORT:
+        assert not any(m == "lm_eval" or m.startswith("lm_eval.") for m in top), name
+    if path.name == "__init__.py":
+        assert not any(m.endswith("lm_eval_model") for m in _imports(name, path)), name

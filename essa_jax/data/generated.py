@@ -3,7 +3,8 @@
     generate_task("add_2d", num_train=2000, num_eval=100, seed=0) -> (train, eval)
 
 Names: add_<n>d, sub_<n>d, mul_<n>d, arith_mixed[_l1|_l2|_l3] (see `arithmetic`) and
-word_problems[_l1|_l2|_l3] (see `word_problems`). Train and eval are disjoint and deterministic per
+word_problems[_l1|_l2|_l3] (see `word_problems`) and instructions[_l1|_l2] (IFEval-format
+instruction following, see `instructions`). Train and eval are disjoint and deterministic per
 seed; `prompt` is set to the question (docs/ARCHITECTURE.md).
 """
 
@@ -13,9 +14,11 @@ import re
 from typing import Any
 
 from .arithmetic import draw_unique, generate_arithmetic, is_arithmetic_task
+from .instructions import generate_instructions
 from .word_problems import WordProblemSpace
 
 _WORD_RE = re.compile(r"^word_problems(?:_l(\d))?$")
+_INSTRUCTIONS_RE = re.compile(r"^instructions(?:_l(\d))?$")
 GENERATED_TASKS = (
     "add_1d",
     "add_2d",
@@ -32,12 +35,17 @@ GENERATED_TASKS = (
     "word_problems_l1",
     "word_problems_l2",
     "word_problems_l3",
+    "instructions",
+    "instructions_l1",
+    "instructions_l2",
 )
 
 
 def is_generated_task(name: str) -> bool:
     """True for the names `generate_task` accepts (any digit count for add/sub/mul)."""
-    return is_arithmetic_task(name) or bool(_WORD_RE.match(name))
+    return (
+        is_arithmetic_task(name) or bool(_WORD_RE.match(name)) or bool(_INSTRUCTIONS_RE.match(name))
+    )
 
 
 def generate_task(
@@ -58,6 +66,11 @@ def generate_task(
             seed=seed,
             allow_negative=allow_negative,
             level=level,
+        )
+    elif m := _INSTRUCTIONS_RE.match(name):
+        lvl = level if level is not None else (int(m.group(1)) if m.group(1) else None)
+        return generate_instructions(
+            name, num_train=num_train, num_eval=num_eval, seed=seed, level=lvl
         )
     else:
         m = _WORD_RE.match(name)

@@ -8,18 +8,24 @@ Formats (`format=`):
 - "generic": `question_field` / `answer_field` named in the config (defaults "prompt" or "question",
   and "answer"). The question may also be a list of chat messages (`{"role", "content"}` dicts);
   it is kept as `messages` and `question` is the last user turn.
-- "auto": "math" when there is a `problem` column, "gsm8k" when `question`/`answer` answers carry
-  "####", else "generic".
+- "ifeval": IFEval rows (Zhou et al. 2023, arXiv 2311.07911; google/IFEval's columns): `key`,
+  `prompt`, `instruction_id_list` (non-empty list of instruction ids) and `kwargs` (one dict, or
+  null, per instruction), kept as they are for the IFEval rewards; an optional `response` column
+  is the reference response (`answer`, the SFT target). IFEval has no reference answers, so
+  without it `answer` is "" (train such a task with `sft.steps = 0`).
+- "auto": "math" when there is a `problem` column, "ifeval" with an `instruction_id_list` column,
+  "gsm8k" when `question`/`answer` answers carry "####", else "generic".
 
 Files: `.jsonl`, `.json` (list of rows, or an object with one list of rows), `.parquet`, `.csv`,
 or a folder written by `Dataset.save_to_disk` / `DatasetDict.save_to_disk` (pick `split`).
 Everything is local; set HF_DATASETS_OFFLINE=1 to be sure nothing is fetched.
 
 A normalised example is a dict with `id` (str), `question` (str), `prompt` (= question, the
-docs/ARCHITECTURE.md name), `answer` (str, non-empty) and `solution` (str) when the source has one,
-plus any `extra_fields` copied as they are. Malformed rows (missing or empty field, a non-string
-question, a non-string non-numeric answer, no extractable answer) raise `MalformedRowError` naming
-the file and row index (`on_malformed="error"`), or are skipped and listed in the `LoadReport`
+docs/ARCHITECTURE.md name), `answer` (str, non-empty except IFEval rows') and `solution` (str) when
+the source has one, `instruction_id_list` / `kwargs` for IFEval rows, plus any `extra_fields` copied
+as they are. Malformed rows (missing or empty field, a non-string question, a non-string non-numeric
+answer, no extractable answer) raise `MalformedRowError` naming the file and row index
+(`on_malformed="error"`), or are skipped and listed in the `LoadReport`
 (`on_malformed="skip"`).
 """
 
@@ -37,9 +43,9 @@ from essa_jax.rewards.extraction import find_boxed
 
 log = logging.getLogger(__name__)
 
-FORMATS = ("auto", "gsm8k", "math", "generic")
+FORMATS = ("auto", "gsm8k", "math", "ifeval", "generic")
 ON_MALFORMED = ("error", "skip")
-_ID_FIELDS = ("id", "unique_id", "idx", "problem_id")
+_ID_FIELDS = ("id", "unique_id", "idx", "problem_id", "key")
 
 
 class MalformedRowError(ValueError):
@@ -200,6 +206,8 @@ def _normalise(row: Any, fmt: str, fields: dict[str, str | None]) -> dict[str, A
             raise _Bad("GSM8K answer is empty after '####'")
         ex["answer"] = final
         ex["solution"] = rationale.strip()
+    elif fmt == "ifeval":
+        ex.update(_ifeval_fields(row, fields["question"] or "prompt"))
     elif fmt == "math":
         ex["question"] = _text(row, fields["question"] or "problem", "problem")
         answer_field = fields["answer"] or "answer"
@@ -234,11 +242,39 @@ def _normalise(row: Any, fmt: str, fields: dict[str, str | None]) -> dict[str, A
     return ex
 
 
+def _ifeval_fields(row: dict, prompt_field: str) -> dict[str, Any]:
+    """question / answer / instruction_id_list / kwargs of an IFEval row (module docstring)."""
+    ids = row.get("instruction_id_list")
+    if not isinstance(ids, list) or not ids or not all(isinstance(i, str) and i for i in ids):
+        raise _Bad("'instruction_id_list' must be a non-empty list of instruction id strings")
+    kwargs = row.get("kwargs")
+    if kwargs is None:
+        kwargs = [{} for _ in ids]
+    if not isinstance(kwargs, list) or len(kwargs) != len(ids):
+        raise _Bad(f"'kwargs' must be a list of one dict per instruction ({len(ids)})")
+    if not all(k is None or isinstance(k, dict) for k in kwargs):
+        raise _Bad("every 'kwargs' entry must be a dict (or null)")
+    response = row.get("response")
+    if response is not None and not isinstance(response, str):
+        raise _Bad(f"'response' is a {type(response).__name__}, expected a string")
+    return {
+        "question": _text(row, prompt_field, "prompt"),
+        "answer": response or "",
+        "instruction_id_list": list(ids),
+        # Arrow gives every row the union of the file's kwargs keys, the absent ones None; the
+        # IFEval reference drops them (rewards.ifeval), so they are kept as read.
+        "kwargs": [dict(k or {}) for k in kwargs],
+    }
+
+
 def detect_format(rows: Sequence[Any]) -> str:
-    """ "math" with a `problem` column, "gsm8k" when `answer`s carry "####", else "generic"."""
+    """ "math" with a `problem` column, "ifeval" with `instruction_id_list`, "gsm8k" when
+    `answer`s carry "####", else "generic"."""
     sample = [r for r in rows[:50] if isinstance(r, dict)]
     if any("problem" in r for r in sample):
         return "math"
+    if any("instruction_id_list" in r for r in sample):
+        return "ifeval"
     answers = [r.get("answer") for r in sample if "question" in r]
     if answers and any(isinstance(a, str) and "####" in a for a in answers):
         return "gsm8k"

@@ -3,6 +3,8 @@
     task = load_task({"name": "add_2d", "num_train": 2000, "num_eval": 100, "seed": 0})
     task = load_task({"train_path": "gsm8k_train.jsonl", "eval_path": "gsm8k_test.jsonl"})
     task = load_task({"train_path": "math.parquet", "eval_fraction": 0.05, "seed": 1})
+    task = load_task({"train_path": "ifeval.jsonl", "eval_fraction": 0.1})  # IFEval rows
+    task = load_task({"name": "instructions", "num_train": 2000, "num_eval": 200})
 
 The config is a dict or an ml_collections ConfigDict with the fields of `TASK_FIELDS`; unknown
 fields are an error naming the valid ones.
@@ -31,7 +33,7 @@ TASK_FIELDS: dict[str, tuple[Any, str]] = {
     "train_path": (None, "local task file or save_to_disk folder (training set)"),
     "eval_path": (None, "local file of the held-out set; else eval_fraction of train_path"),
     "eval_fraction": (0.0, "held-out fraction of train_path when eval_path is not given"),
-    "format": ("auto", "file format: auto, gsm8k, math, generic"),
+    "format": ("auto", "file format: auto, gsm8k, math, ifeval, generic"),
     "question_field": (None, "generic mapping: question column"),
     "answer_field": (None, "generic mapping: answer column"),
     "solution_field": (None, "generic mapping: solution column"),
@@ -48,7 +50,11 @@ TASK_FIELDS: dict[str, tuple[Any, str]] = {
     ),
     "system_prompt": (None, "explicit system message (None: the chat template's default)"),
     "instruction": ("", "text appended to every question"),
-    "reward": (None, "reward name: arith (first number), math, format (default by format)"),
+    "reward": (
+        None,
+        "reward name: arith (first number), math, format, ifeval_* (default: by format; "
+        "ifeval_inst_strict for IFEval-format rows)",
+    ),
 }
 
 
@@ -136,7 +142,12 @@ def load_task(config: Any) -> Task:
     fmt = cfg["prompt_format"] or default_format
     if fmt not in PROMPT_FORMATS:
         raise ValueError(f"prompt_format {fmt!r} is not valid; valid: {PROMPT_FORMATS}")
-    reward = cfg["reward"] or ("arith" if fmt in PREFILL_FORMATS else "math")
+    if cfg["reward"]:
+        reward = cfg["reward"]
+    elif any("instruction_id_list" in ex for ex in (train or evals)[:1]):
+        reward = "ifeval_inst_strict"  # IFEval rows: the fraction of instructions followed
+    else:
+        reward = "arith" if fmt in PREFILL_FORMATS else "math"
     from essa_jax.rewards import REWARDS
 
     if reward not in REWARDS:

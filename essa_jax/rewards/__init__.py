@@ -6,6 +6,8 @@ math_reward(prompts, completions, answer=[...])      1.0 / 0.0, "auto" extractio
 arith_reward(prompts, completions, answer=[...])     1.0 / 0.0, first number (prefill format)
 format_reward(prompts, completions)                  1.0 when a non-empty \\boxed{} is present
 char_match_reward(prompts, completions, answer=[...]) dense [0, 1] closeness of each character
+ifeval_{inst,prompt}_{strict,loose}(prompts, completions, instruction_id_list=, kwargs=)
+                                                     IFEval rewards (lm-eval's checkers)
 combine_rewards([(fn, w), ...]) / guard_reward(fn)   failures and timeouts -> 0.0, counted
 """
 
@@ -26,6 +28,7 @@ from .functions import (
     math_reward,
     register_reward,
 )
+from .ifeval import IFEVAL_REWARDS, follow_instructions, instruction_types
 from .stats import RewardStats
 from .timeout import RewardTimeoutError, abandoned_threads, call_with_timeout
 from .verify import DEFAULT_VERIFY_TIMEOUT_S, VERIFY_STATS, answers_match
@@ -33,6 +36,7 @@ from .verify import DEFAULT_VERIFY_TIMEOUT_S, VERIFY_STATS, answers_match
 __all__ = [
     "DEFAULT_VERIFY_TIMEOUT_S",
     "EXTRACTION_MODES",
+    "IFEVAL_REWARDS",
     "REWARDS",
     "VERIFY_STATS",
     "CombinedReward",
@@ -50,9 +54,11 @@ __all__ = [
     "combine_rewards",
     "extract_answer",
     "find_boxed",
+    "follow_instructions",
     "format_reward",
     "get_reward",
     "guard_reward",
+    "instruction_types",
     "make_math_reward",
     "math_reward",
     "parse_number",

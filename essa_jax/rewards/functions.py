@@ -22,6 +22,12 @@ from typing import Any
 import numpy as np
 
 from .extraction import EXTRACTION_MODES, extract_answer, find_boxed
+from .ifeval import (
+    ifeval_inst_loose,
+    ifeval_inst_strict,
+    ifeval_prompt_loose,
+    ifeval_prompt_strict,
+)
 from .stats import RewardStats
 from .timeout import RewardTimeoutError, call_with_timeout
 from .verify import DEFAULT_VERIFY_TIMEOUT_S, answers_match
@@ -135,6 +141,11 @@ REWARDS: dict[str, RewardFn] = {
     "arith": arith_reward,
     "format": format_reward,
     "char_match": char_match_reward,
+    # IFEval instruction following (rewards/ifeval.py; needs the `lmeval` extra when called)
+    "ifeval_inst_strict": ifeval_inst_strict,
+    "ifeval_inst_loose": ifeval_inst_loose,
+    "ifeval_prompt_strict": ifeval_prompt_strict,
+    "ifeval_prompt_loose": ifeval_prompt_loose,
 }
 
 

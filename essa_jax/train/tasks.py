@@ -6,8 +6,10 @@ SFT targets and wraps the reward so that a failing reward can never crash a run.
 
 SFT target (our choice): the text after the prompt that a correct answer would have. With the
 "prefill" and "assistant" formats the prompt already ends with "A + B = ", so the target is the
-answer; otherwise the example's worked `solution` (if any) followed by the answer in \\boxed{},
-else just the boxed answer. EOS is appended.
+answer; instruction-following (IFEval) examples, whose `answer` is a reference response that
+follows the instructions, train on that response as it is; otherwise the example's worked
+`solution` (if any) followed by the answer in \\boxed{}, else just the boxed answer. EOS is
+appended.
 """
 
 from __future__ import annotations
@@ -52,7 +54,7 @@ def data_task_config(task, seed: int) -> dict[str, Any]:
 def reference_completion(example: dict[str, Any], prompt_format: str) -> str:
     """SFT target text of an example (module docstring), without EOS."""
     answer = str(example["answer"])
-    if prompt_format in PREFILL_FORMATS:
+    if prompt_format in PREFILL_FORMATS or "instruction_id_list" in example:
         return answer
     solution = example.get("solution") or ""
     boxed = f"The final answer is \\boxed{{{answer}}}."
@@ -106,7 +108,26 @@ def load_task(task_config, seed: int):
 
     task = data_load_task(data_task_config(task_config, seed))
     _check_prefill(task_config, task.train + task.eval)
+    _check_reward_installed(task.reward)
     return task, guard_reward(get_reward(task.reward))
+
+
+def _check_reward_installed(name: str) -> None:
+    """The IFEval rewards call lm-eval's checkers (the `lmeval` extra): without it every
+    completion would fail to score, so a run stops before loading weights, in one line."""
+    from essa_jax.rewards import IFEVAL_REWARDS
+
+    if name not in IFEVAL_REWARDS:
+        return
+    from essa_jax.config import ConfigError
+    from essa_jax.rewards.ifeval import reference
+
+    try:
+        reference()
+    except ImportError as e:
+        raise ConfigError(
+            "task.reward", name, "a reward whose packages are installed", str(e)
+        ) from e
 
 
 def _check_prefill(task_config, examples: Sequence[dict[str, Any]]) -> None:

@@ -1,0 +1,244 @@
+"""ESSA beyond math: base -> SFT -> ESSA and -> GRPO on the generated instruction task (issue #33).
+
+The ESSA paper (arXiv 2507.04453 v3) reports ESSA raising Llama-3.1-8B on IFEval by 22.5 points
+over GRPO; every other result here is arithmetic. This runs the same question at the scale this
+machine allows: SmolLM2-135M-Instruct on `instructions` (one or two IFEval instructions per
+prompt, `essa_jax.data.instructions`), fitness / reward = IFEval's instruction-level strict score.
+
+Steps (each run is `python -m essa_jax.main` in its own workdir under OUT; a run whose
+summary.json exists is not re-run, an interrupted one resumes from its last checkpoint; each
+evaluation writes <workdir>/lm_eval.json and is skipped when that exists, so the script can be
+stopped and started again):
+
+1. `sft`: the SFT start (experiments/configs/essa_smollm2_instructions.py with method "sft"; the
+   base model's held-out accuracy comes with it, `eval.base_model`).
+2. for each seed in SEEDS (`config.search_seed`; `config.seed` = 0 everywhere, so every run starts
+   from the one SFT adapter and is evaluated on the same 200 held-out prompts): `essa`
+   (essa_smollm2_instructions.py) and `grpo` (grpo_smollm2_instructions.py), each with the same
+   loop wall-clock WALL seconds (`max_wall_seconds`; generations / steps unbounded).
+3. every model through lm-eval (`python -m essa_jax.evaluate_lm --ifeval_file`): the held-out
+   prompts as an IFEval task (lm-eval's own `ifeval` metrics and checkers), greedy, 64 new tokens,
+   the chat template as in training: the base model (the SFT run with `--no_adapter`), SFT, and
+   each ESSA / GRPO run's final adapter. Per instruction type: strict / loose accuracy.
+4. the report: experiments/results/compare_instructions.json (per method: prompt- / instruction-
+   level strict and loose accuracy, mean and per seed; per instruction type; loop wall-clock,
+   generations / steps done) and a table on stdout.
+
+Time (2-core CPU, float32; not yet measured end to end): the probe decoded 64 new tokens at ~0.5
+rows/s with the machine shared (load ~10; experiments/results/instructions_probe.json), so an ESSA
+generation (16 candidates x 8 greedy prompts, stopping at EOS) takes 1-4 min, a GRPO step (32
+rollouts + update) 0.5-1 min, a held-out evaluation or an lm-eval pass (200 rows) 3-7 min. With
+WALL = 1800 s: sft ~15 min, each ESSA / GRPO run ~50 min, so the default plan (sft + 2 seeds x 2
+methods) is ~3.5 h; `--dry_run` prints the commands.
+
+    experiments/compare_instructions.sh                     # the plan above, then the report
+    SEEDS="0 1 2" WALL=3600 experiments/compare_instructions.sh
+    experiments/compare_instructions.sh --dry_run           # commands only
+    experiments/compare_instructions.sh --report_only       # the report from what is done
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import subprocess
+import sys
+from typing import Any
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)  # run as a script: import essa_jax and the experiments from this checkout
+sys.path.insert(0, os.path.join(ROOT, "experiments"))
+
+from compare_fgrpo import command, ensure_run, subprocess_runner  # noqa: E402
+
+ESSA_CONFIG = "experiments/configs/essa_smollm2_instructions.py"
+GRPO_CONFIG = "experiments/configs/grpo_smollm2_instructions.py"
+RESULTS = "experiments/results/compare_instructions.json"
+METRICS = (
+    "prompt_level_strict_acc",
+    "inst_level_strict_acc",
+    "prompt_level_loose_acc",
+    "inst_level_loose_acc",
+)
+UNBOUNDED = 1_000_000  # generations / steps: the wall-clock ends the loop
+
+
+def plan_runs(seeds: list[int], wall: float) -> list[tuple[str, str, dict[str, Any], str]]:
+    """(label, config path, overrides, workdir name) of every training run, in order."""
+    runs = [("sft", ESSA_CONFIG, {"method": "sft"}, "sft")]
+    for s in seeds:
+        common = {"search_seed": s, "max_wall_seconds": wall}
+        runs.append(
+            (f"essa seed {s}", ESSA_CONFIG, {**common, "essa.generations": UNBOUNDED}, f"essa_s{s}")
+        )
+        runs.append(
+            (f"grpo seed {s}", GRPO_CONFIG, {**common, "grpo.steps": UNBOUNDED}, f"grpo_s{s}")
+        )
+    return runs
+
+
+def heldout_file(out: str) -> str:
+    """The run's held-out prompts as IFEval rows (the task of ESSA_CONFIG, config.seed = 0)."""
+    from essa_jax.config import load_config_file
+    from essa_jax.data import load_task
+    from essa_jax.train.tasks import data_task_config
+
+    path = os.path.join(out, "heldout_ifeval.jsonl")
+    if not os.path.exists(path):
+        config = load_config_file(os.path.join(ROOT, ESSA_CONFIG))
+        task = load_task(data_task_config(config.task, config.seed))
+        keep = ("key", "prompt", "instruction_id_list", "kwargs")
+        os.makedirs(out, exist_ok=True)
+        with open(path + ".tmp", "w") as f:
+            for ex in task.eval:
+                f.write(json.dumps({k: ex[k] for k in keep}) + "\n")
+        os.replace(path + ".tmp", path)
+    return path
+
+
+def eval_command(python: str, wd: str, heldout: str, out_json: str, base: bool) -> list[str]:
+    cmd = [
+        python,
+        "-m",
+        "essa_jax.evaluate_lm",
+        "--run",
+        wd,
+        "--ifeval_file",
+        heldout,
+        "--max_gen_toks",
+        "64",
+        "--apply_chat_template",
+        "--batch_size",
+        "32",
+        "--output",
+        out_json,
+    ]
+    return cmd + (["--no_adapter"] if base else [])
+
+
+def ensure_eval(python: str, wd: str, heldout: str, out_json: str, base: bool = False) -> None:
+    if os.path.exists(out_json):
+        return
+    with open(os.path.join(wd, "log.txt"), "a") as log:
+        rc = subprocess.call(
+            eval_command(python, wd, heldout, out_json, base),
+            cwd=ROOT,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    if rc:
+        raise SystemExit(f"lm-eval evaluation failed (exit {rc}); see {wd}/log.txt")
+
+
+def _load(path: str) -> dict[str, Any] | None:
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        return json.load(f)
+
+
+def _entry(lm_eval: dict[str, Any], summary: dict[str, Any] | None) -> dict[str, Any]:
+    res = lm_eval["results"]["ifeval_local"]
+    out = {m: float(res[f"{m},none"]) for m in METRICS}
+    out["per_instruction"] = lm_eval["per_instruction"]["ifeval_local"]
+    if summary is not None:
+        out["summary"] = {
+            k: summary[k]
+            for k in (
+                "sft_heldout_acc",
+                "final_heldout_acc",
+                "base_heldout_acc",
+                "steps",
+                "train_wall_seconds",
+                "generated_tokens",
+            )
+            if k in summary
+        }
+    return out
+
+
+def report(out: str, seeds: list[int]) -> dict[str, Any]:
+    """Collect every finished evaluation under `out` into the results dict (module docstring)."""
+    methods: dict[str, list[dict[str, Any]]] = {}
+    base = _load(os.path.join(out, "sft", "base_lm_eval.json"))
+    if base is not None:
+        methods["base"] = [_entry(base, None)]
+    sft = _load(os.path.join(out, "sft", "lm_eval.json"))
+    if sft is not None:
+        methods["sft"] = [_entry(sft, _load(os.path.join(out, "sft", "summary.json")))]
+    for method in ("essa", "grpo"):
+        for s in seeds:
+            wd = os.path.join(out, f"{method}_s{s}")
+            ev = _load(os.path.join(wd, "lm_eval.json"))
+            if ev is not None:
+                e = _entry(ev, _load(os.path.join(wd, "summary.json")))
+                methods.setdefault(method, []).append({"seed": s, **e})
+    table = {}
+    for method, runs in methods.items():
+        row = {m: float(np.mean([r[m] for r in runs])) for m in METRICS}
+        types = sorted({t for r in runs for t in r["per_instruction"]})
+        row["per_instruction_strict"] = {
+            t: float(np.mean([r["per_instruction"][t]["strict"] for r in runs])) for t in types
+        }
+        row["runs"] = runs
+        table[method] = row
+    return {
+        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M+00:00"),
+        "configs": [ESSA_CONFIG, GRPO_CONFIG],
+        "seeds": seeds,
+        "methods": table,
+    }
+
+
+def print_table(result: dict[str, Any]) -> None:
+    print("method  " + "  ".join(f"{m[:-4]:>20}" for m in METRICS))
+    for method, row in result["methods"].items():
+        print(f"{method:7s} " + "  ".join(f"{row[m]:20.3f}" for m in METRICS))
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
+    p.add_argument("--dry_run", action="store_true")
+    p.add_argument("--report_only", action="store_true")
+    p.add_argument("--python", default=os.environ.get("PY", sys.executable))
+    args = p.parse_args(argv)
+    seeds = [int(s) for s in os.environ.get("SEEDS", "0 1").split()]
+    wall = float(os.environ.get("WALL", "1800"))
+    out = os.environ.get("OUT", "runs/compare_instructions")
+    results = os.environ.get("RESULTS", RESULTS)
+    runs = plan_runs(seeds, wall)
+    if args.dry_run:
+        for label, cfg, ov, name in runs:
+            wd = os.path.join(out, name)
+            print(f"# {label}\n" + " ".join(command(args.python, ov, wd, cfg)))
+            print(" ".join(eval_command(args.python, wd, "<heldout>", f"{wd}/lm_eval.json", False)))
+        sft = os.path.join(out, "sft")
+        print(
+            " ".join(eval_command(args.python, sft, "<heldout>", f"{sft}/base_lm_eval.json", True))
+        )
+        return 0
+    if not args.report_only:
+        heldout = heldout_file(out)
+        runner = subprocess_runner(args.python)
+        for label, cfg, ov, name in runs:
+            wd = os.path.join(out, name)
+            ensure_run(runner, ov, wd, label, config_path=cfg)
+            ensure_eval(args.python, wd, heldout, os.path.join(wd, "lm_eval.json"))
+            if name == "sft":
+                ensure_eval(args.python, wd, heldout, os.path.join(wd, "base_lm_eval.json"), True)
+    result = report(out, seeds)
+    os.makedirs(os.path.dirname(results) or ".", exist_ok=True)
+    with open(results + ".tmp", "w") as f:
+        json.dump(result, f, indent=1)
+        f.write("\n")
+    os.replace(results + ".tmp", results)
+    print_table(result)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,99 @@
+"""experiments/compare_instructions.py: the plan of runs, the commands and the report."""
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def ci():
+    sys.path.insert(0, str(ROOT / "experiments"))
+    spec = importlib.util.spec_from_file_location(
+        "compare_instructions", ROOT / "experiments" / "compare_instructions.py"
+    )
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_plan_gives_both_methods_the_same_wall_clock_and_one_sft_start(ci):
+    runs = ci.plan_runs([0, 3], 900.0)
+    names = [r[3] for r in runs]
+    assert names == ["sft", "essa_s0", "grpo_s0", "essa_s3", "grpo_s3"]
+    for _, cfg, ov, name in runs[1:]:
+        assert ov["max_wall_seconds"] == 900.0 and "seed" not in ov
+        assert ov["search_seed"] == int(name[-1])
+        assert cfg == (ci.ESSA_CONFIG if name.startswith("essa") else ci.GRPO_CONFIG)
+    # Every config validates with its overrides (the locked schema knows each field).
+    from essa_jax.config import load_config_file, validate_config
+
+    sys.path.insert(0, str(ROOT / "experiments"))
+    from compare_fgrpo import apply_overrides
+
+    for _, cfg, ov, _ in runs:
+        config = apply_overrides(load_config_file(str(ROOT / cfg)), ov)
+        validate_config(config)
+        assert config.seed == 0 and config.task.reward == "ifeval_inst_strict"
+
+
+def _fake_eval(path, strict, per):
+    res = {
+        f"{m},none": v
+        for m, v in zip(
+            ci_metrics(), (strict, strict + 0.1, strict + 0.05, strict + 0.15), strict=True
+        )
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(
+        json.dumps(
+            {
+                "results": {"ifeval_local": res},
+                "per_instruction": {
+                    "ifeval_local": {k: {"strict": v, "loose": v, "n": 4} for k, v in per.items()}
+                },
+            }
+        )
+    )
+
+
+def ci_metrics():
+    return (
+        "prompt_level_strict_acc",
+        "inst_level_strict_acc",
+        "prompt_level_loose_acc",
+        "inst_level_loose_acc",
+    )
+
+
+def test_report_averages_seeds_per_method_and_type(ci, tmp_path):
+    assert ci.METRICS == ci_metrics()
+    _fake_eval(tmp_path / "sft" / "base_lm_eval.json", 0.1, {"a": 0.2})
+    _fake_eval(tmp_path / "sft" / "lm_eval.json", 0.2, {"a": 0.3})
+    _fake_eval(tmp_path / "essa_s0" / "lm_eval.json", 0.3, {"a": 0.4, "b": 0.0})
+    _fake_eval(tmp_path / "essa_s1" / "lm_eval.json", 0.5, {"a": 0.6, "b": 1.0})
+    (tmp_path / "essa_s1" / "summary.json").write_text(
+        json.dumps({"final_heldout_acc": 0.5, "steps": 7})
+    )
+    res = ci.report(str(tmp_path), [0, 1])
+    m = res["methods"]
+    assert set(m) == {"base", "sft", "essa"}  # grpo: nothing finished yet
+    assert m["essa"]["prompt_level_strict_acc"] == pytest.approx(0.4)
+    assert m["essa"]["inst_level_loose_acc"] == pytest.approx(0.55)
+    assert m["essa"]["per_instruction_strict"] == pytest.approx({"a": 0.5, "b": 0.5})
+    assert [r["seed"] for r in m["essa"]["runs"]] == [0, 1]
+    assert m["essa"]["runs"][1]["summary"] == {"final_heldout_acc": 0.5, "steps": 7}
+    assert m["base"]["prompt_level_strict_acc"] == pytest.approx(0.1)
+
+
+def test_dry_run_prints_every_command(ci, capsys, monkeypatch):
+    monkeypatch.setenv("SEEDS", "0")
+    monkeypatch.setenv("OUT", "runs/x")
+    assert ci.main(["--dry_run", "--python", "py"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("-m essa_jax.main") == 3 and out.count("-m essa_jax.evaluate_lm") == 4
+    assert "--no_adapter" in out and "--config.max_wall_seconds=1800.0" in out
