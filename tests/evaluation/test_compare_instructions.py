@@ -30,7 +30,8 @@ def test_plan_gives_both_methods_the_same_wall_clock_and_one_sft_start(ci):
         assert ov["search_seed"] == int(name[-1])
         assert cfg == (ci.ESSA_CONFIG if name.startswith("essa") else ci.GRPO_CONFIG)
     # Every config validates with its overrides (the locked schema knows each field).
-    from essa_jax.config import load_config_file, validate_config
+    from essa_jax.config import load_config_file
+    from essa_jax.train import validate_config
 
     sys.path.insert(0, str(ROOT / "experiments"))
     from compare_fgrpo import apply_overrides
