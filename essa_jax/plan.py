@@ -502,7 +502,7 @@ def _grpo_programs(config, mc, base, lora_shape, rep, mesh, tp, new, eos) -> lis
     from essa_jax import lora as lora_lib
     from essa_jax.config import grpo_config
     from essa_jax.mesh import DATA_AXIS, axis_size, padded_size
-    from essa_jax.rl.trainer import FrozenPolicy, GRPOTrainer, RolloutBatch
+    from essa_jax.rl import FrozenPolicy, GRPOTrainer, RolloutBatch
 
     c = config
     cfg = grpo_config(c)

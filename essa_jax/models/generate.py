@@ -234,6 +234,15 @@ def generate(
     )
 
 
+def row_keys(key: jax.Array, num_rows: int) -> jax.Array:
+    """Per-row sampling keys [R] (typed): row r gets fold_in(key, r), so a row's tokens depend
+    neither on the chunk (`generate_chunked`) nor on the device or process that generates it (the
+    data-parallel GRPO rollout). `key`: a typed key or raw key data."""
+    if not jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
+        key = jax.random.wrap_key_data(key)
+    return jax.vmap(jax.random.fold_in, (None, 0))(key, jnp.arange(num_rows, dtype=jnp.int32))
+
+
 def generate_chunked(
     params: Params,
     config: ModelConfig,
@@ -279,7 +288,7 @@ def generate_chunked(
     if not jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
         key = jax.random.wrap_key_data(key)
     if not _per_row_keys(key, B):
-        key = jax.vmap(jax.random.fold_in, (None, 0))(key, jnp.arange(B, dtype=jnp.int32))
+        key = row_keys(key, B)
     make_lora = lora if callable(lora) else (lambda _: lora)
     if rows_per_chunk == 0 or rows_per_chunk >= B:
         return generate(

@@ -8,7 +8,7 @@ to the SFT singular values (same SVD, same alpha). Each step samples `grpo.batch
 config ("fgrpo" = the advantage weighting "focal" with gamma = grpo.focal_gamma).
 
 On several devices (or processes) the trainer runs data-parallel on `run.mesh`
-(`pipeline.data_parallel_mesh`): the base weights are placed on it once (`rl.trainer.place_base`),
+(`pipeline.data_parallel_mesh`): the base weights are placed on it once (`rl.place_base`),
 rollouts / scoring / updates are sharded over ``data``, each process rewards only its own rows.
 """
 
@@ -22,8 +22,7 @@ import jax.numpy as jnp
 
 from essa_jax import lora as lora_lib
 from essa_jax.config import grpo_config, search_seed
-from essa_jax.rl import FrozenPolicy, GRPOState, GRPOTrainer
-from essa_jax.rl.trainer import on_mesh, place_base
+from essa_jax.rl import FrozenPolicy, GRPOState, GRPOTrainer, on_mesh, place_base
 from essa_jax.train.rollouts import init_cursor, next_indices
 
 __all__ = ["GRPOLoop", "GRPOLoopState", "grpo_config"]
@@ -139,7 +138,7 @@ class GRPOLoop:
             # F-GRPO's diagnostics (arXiv 2602.06717), splitting zero_variance: prompt groups whose
             # every rollout is right (reward >= grpo.r_correct, 1.0 for "arith" / "math") or wrong
             # (<= grpo.r_wrong); `entropy` (kept as is) is the sampling policy's mean token entropy
-            # over the completion tokens (`rl.GRPOTrainer._metrics`).
+            # over the completion tokens (`rl.outcomes.step_metrics`).
             "all_right": m.pop("all_right_frac"),
             "all_wrong": m.pop("all_wrong_frac"),
             "completion_len": m.pop("completion_len_mean"),

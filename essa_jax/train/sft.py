@@ -30,7 +30,7 @@ from jax.sharding import PartitionSpec as P
 from essa_jax.lora.adapter import master_weights
 from essa_jax.mesh import DATA_AXIS, axis_size, padded_size, place
 from essa_jax.models import sequence_logprobs
-from essa_jax.rl.trainer import on_mesh, place_base
+from essa_jax.rl import on_mesh, place_base
 from essa_jax.train.rollouts import PromptSet, init_cursor, next_indices
 
 
@@ -238,7 +238,7 @@ def train_sft(
     mesh: data-parallel over its ``data`` axis (every process calls this with the same
     arguments): each batch is padded to the axis with copies of its row 0 carrying no loss
     (`mesh.pad_to`'s rule), sharded, and `micro_batch_size` counts rows per device; the base
-    weights are placed once (`rl.trainer.place_base`) and the LoRA comes back as a local copy.
+    weights are placed once (`rl.place_base`) and the LoRA comes back as a local copy.
     """
     tokens, mask, loss_mask = sft_sequences(data, pad_id)
     optimizer = make_optimizer(

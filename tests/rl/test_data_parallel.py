@@ -15,8 +15,7 @@ from essa_jax.config import ConfigError, base_config
 from essa_jax.lora import LoraConfig, init_lora, lora_policy
 from essa_jax.mesh import make_mesh
 from essa_jax.models import init_params
-from essa_jax.rl import FrozenPolicy, GRPOConfig, GRPOConfigError, GRPOTrainer
-from essa_jax.rl.trainer import place_base
+from essa_jax.rl import FrozenPolicy, GRPOConfig, GRPOConfigError, GRPOTrainer, place_base
 from essa_jax.train.pipeline import check_data_parallel
 from essa_jax.train.rollouts import PromptSet
 from essa_jax.train.sft import train_sft
