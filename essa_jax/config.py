@@ -609,18 +609,13 @@ def check_micro_batches(config, data: int) -> None:
     """`sft.micro_batch_size` and `grpo.micro_batch_size` against the rows each device holds: they
     count rows per device (ceil(batch / data) on a mesh with `data` devices along its data axis,
     docs/ARCHITECTURE.md "Data-parallel GRPO and SFT"); raises ConfigError naming the field."""
+    from essa_jax.mesh import rows_per_device_problem
     from essa_jax.rl import GRPOConfigError
 
     mbs, batch = int(config.sft.micro_batch_size), int(config.sft.batch_size)
-    per_device = -(-batch // data)
-    if mbs and per_device % mbs:
-        raise ConfigError(
-            "sft.micro_batch_size",
-            mbs,
-            f"0 or divisors of the {per_device} rows each of the data={data} device(s) holds of "
-            f"sft.batch_size={batch}",
-            "micro_batch_size counts rows per device",
-        )
+    valid = rows_per_device_problem(mbs, batch, data, "rows", f"sft.batch_size={batch}")
+    if valid is not None:
+        raise ConfigError("sft.micro_batch_size", mbs, valid)
     if config.method in ("grpo", "fgrpo", "svdgrpo"):
         try:
             grpo_config(config).check_batch(int(config.grpo.batch_size), data)

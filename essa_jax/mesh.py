@@ -126,6 +126,25 @@ def place(tree: Any, mesh: Mesh, spec: PartitionSpec | None = None) -> Any:
     return jax.tree.map(put, tree)
 
 
+def on_mesh(tree: Any, mesh: Mesh) -> Any:
+    """`tree` as global arrays on `mesh`: leaves already spread over exactly the mesh's devices
+    (replicated, or split over ``model`` by `place_params`) are kept, `jax.ShapeDtypeStruct`s get
+    the replicated sharding (for lowering ahead of time), others are placed replicated (`place`:
+    every process holds them identically, nothing travels). The inputs of the population program
+    and of the data-parallel GRPO / SFT programs."""
+    devices = set(mesh.devices.flat)
+    replicated = NamedSharding(mesh, PartitionSpec())
+
+    def put(x: Any) -> Any:
+        if isinstance(x, jax.ShapeDtypeStruct):
+            return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=replicated)
+        if isinstance(x, jax.Array) and x.sharding.device_set == devices:
+            return x
+        return place(x, mesh)
+
+    return jax.tree.map(put, tree)
+
+
 # -- model weights over the model axis ------------------------------------------------------------
 #
 # Kernels are [L, in, out] (stacked layers; `essa_jax.models.transformer`'s params layout).
@@ -292,22 +311,25 @@ def data_all_gather(tree: Any, mesh: Mesh) -> Any:
     return jax.lax.all_gather(tree, DATA_AXIS, tiled=True)
 
 
-def rows_per_device_problem(micro_batch_size: int, batch: int, data: int) -> str | None:
+def rows_per_device_problem(
+    micro_batch_size: int, batch: int, data: int, unit: str, of: str
+) -> str | None:
     """The one micro-batch rule: a micro-batch size counts rows per device, ceil(batch / data)
     (a batch is padded to the data axis, `pad_to`), and must be 0 (the whole) or divide them.
 
-    Returns None when `micro_batch_size` is valid, else the valid values in words, for the
-    caller's error naming its field (`config.check_micro_batches`, `rl.GRPOConfig`,
-    `train.sft.train_sft`).
+    Returns None when `micro_batch_size` is valid, else the valid values in words ("0 or a
+    divisor of the 4 rows each of the data=8 devices holds of <of> ..."; `unit` names the rows,
+    `of` the batch) for the caller's error naming its field (`config.check_micro_batches`,
+    `rl.GRPOConfig.check_micro_batch`, `train.sft.train_sft`).
     """
     per_device = -(-batch // data)
     if not micro_batch_size or per_device % micro_batch_size == 0:
         return None
     if data == 1:
-        return f"0 or a divisor of the batch of {batch} rows"
+        return f"0 or a divisor of the {batch} {unit} of {of}"
     return (
-        f"0 or a divisor of the {per_device} rows each of the data={data} devices holds of a "
-        f"batch of {batch} (micro_batch_size counts rows per device)"
+        f"0 or a divisor of the {per_device} {unit} each of the data={data} devices holds of "
+        f"{of} (micro_batch_size counts rows per device)"
     )
 
 

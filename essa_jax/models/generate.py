@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from essa_jax.mesh import pad_to
+from essa_jax.models.attention import retraced
 from essa_jax.models.config import ModelConfig
 from essa_jax.models.sampling import sample_tokens
 from essa_jax.models.transformer import (
@@ -30,7 +31,6 @@ from essa_jax.models.transformer import (
     per_layer_lora,
     per_layer_params,
     prefill,
-    retraced,
 )
 
 # How the decode loop runs the layers: None = by the default backend (unrolled over per-layer
@@ -49,7 +49,7 @@ def decode_layers(mode: str) -> contextlib.AbstractContextManager:
 
     For compiling ahead of time for another platform (`essa_jax.plan` compiles the GPU / TPU
     programs on a CPU machine, where the default would pick the CPU path and its second copy of the
-    weights). JAX's trace caches are cleared on entry and exit (`transformer.retraced`): a program
+    weights). JAX's trace caches are cleared on entry and exit (`attention.retraced`): a program
     traced under one mode is never reused under the other.
     """
     if mode not in ("scan", "unrolled"):

@@ -1,6 +1,6 @@
 """Where the data-parallel GRPO and SFT programs keep their inputs: the mesh of a trainer, the base
-weights and the host values every process holds identically (docs/ARCHITECTURE.md, "Data-parallel
-GRPO and SFT")."""
+weights and (`essa_jax.mesh.on_mesh`) the host values every process holds identically
+(docs/ARCHITECTURE.md, "Data-parallel GRPO and SFT")."""
 
 from __future__ import annotations
 
@@ -9,7 +9,9 @@ from typing import Any
 import jax
 from jax.sharding import Mesh
 
-from essa_jax.mesh import make_mesh, place, place_params
+from essa_jax.mesh import make_mesh, on_mesh, place_params
+
+__all__ = ["on_mesh", "one_device_mesh", "place_base"]
 from essa_jax.models.config import ModelConfig
 
 
@@ -27,17 +29,3 @@ def place_base(params: Any, mesh: Mesh, model_config: ModelConfig) -> Any:
     layers tensor-parallel from the weights' shardings (docs/ARCHITECTURE.md, "Tensor
     parallelism")."""
     return place_params(params, mesh, model_config)
-
-
-def on_mesh(tree: Any, mesh: Mesh) -> Any:
-    """`tree` as global arrays on `mesh`: leaves already spread over exactly the mesh's devices
-    (replicated, or split over ``model`` by `place_base`) are kept, others are placed replicated
-    (`mesh.place`: every process holds them identically, nothing travels)."""
-    devices = set(mesh.devices.flat)
-
-    def put(x: Any) -> Any:
-        if isinstance(x, jax.Array) and x.sharding.device_set == devices:
-            return x
-        return place(x, mesh)
-
-    return jax.tree.map(put, tree)

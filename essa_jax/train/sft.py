@@ -28,9 +28,18 @@ from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
 from essa_jax.lora.adapter import master_weights
-from essa_jax.mesh import DATA_AXIS, axis_size, padded_size, place
+from essa_jax.mesh import (
+    DATA_AXIS,
+    axis_size,
+    data_psum,
+    over_data,
+    padded_size,
+    place,
+    rows_per_device_problem,
+)
 from essa_jax.models import sequence_logprobs
 from essa_jax.rl import on_mesh, place_base
+from essa_jax.rl.optimizer import adamw as make_optimizer  # the one builder (rl.optimizer)
 from essa_jax.train.rollouts import PromptSet, init_cursor, next_indices
 
 
@@ -55,19 +64,6 @@ def sft_sequences(data: PromptSet, pad_id: int) -> tuple[np.ndarray, np.ndarray,
         mask[i, length - len(s) :] = 1
         loss_mask[i, length - len(s) :] = t
     return tokens, mask, loss_mask
-
-
-@functools.lru_cache(maxsize=8)
-def make_optimizer(learning_rate: float, weight_decay: float, max_grad_norm: float):
-    """AdamW (Loshchilov & Hutter 2019) after global-norm clipping.
-
-    Cached: the optimiser is a static argument of the jitted step, so equal settings must give the
-    same object for the compiled step to be reused (e.g. by a resumed or repeated run).
-    """
-    return optax.chain(
-        optax.clip_by_global_norm(max_grad_norm),
-        optax.adamw(learning_rate, weight_decay=weight_decay),
-    )
 
 
 def sft_loss(lora, params, model_config, tokens, mask, loss_mask, remat: bool = False):
@@ -153,20 +149,14 @@ def sft_loss_and_grad_sharded(
             micro_batch_size=micro_batch_size,
         )
         count = jnp.sum(loss_mask[:, 1:].astype(jnp.float32))
-        w = jnp.maximum(count, 1.0) / jnp.maximum(jax.lax.psum(count, DATA_AXIS), 1.0)
+        w = jnp.maximum(count, 1.0) / jnp.maximum(data_psum(count, mesh), 1.0)
         grads = jax.tree.map(lambda g: w.astype(g.dtype) * g, grads)
-        return jax.lax.psum((w * loss, grads), DATA_AXIS)
+        return data_psum((w * loss, grads), mesh)
 
     rows = P(DATA_AXIS)
-    return jax.shard_map(
-        body,
-        mesh=mesh,
-        in_specs=(P(), P(), rows, rows, rows),
-        out_specs=P(),
-        # Manual over data alone: weights split over an Auto ``model`` axis stay split.
-        axis_names=frozenset({DATA_AXIS}),
-        check_vma=False,
-    )(lora, params, tokens, mask, loss_mask)
+    return over_data(body, mesh, (P(), P(), rows, rows, rows), P())(
+        lora, params, tokens, mask, loss_mask
+    )
 
 
 @functools.partial(
@@ -252,13 +242,16 @@ def train_sft(
     batch_size = int(sft_config.batch_size)
     padded = padded_size(batch_size, axis_size(mesh, DATA_AXIS))
     if mesh is not None:
-        data_size = axis_size(mesh, DATA_AXIS)
-        per_device = padded // data_size
-        if micro_batch_size and per_device % micro_batch_size:
+        valid = rows_per_device_problem(
+            micro_batch_size,
+            batch_size,
+            axis_size(mesh, DATA_AXIS),
+            "rows",
+            f"a batch of {batch_size}",
+        )
+        if valid is not None:
             raise ValueError(
-                f"sft.micro_batch_size={micro_batch_size} must be 0 or divide the {per_device} "
-                f"rows each of the data={data_size} devices holds of a batch of {batch_size} "
-                "(micro_batch_size counts rows per device)"
+                f"sft.micro_batch_size={micro_batch_size} is invalid: valid are {valid}"
             )
         params = place_base(params, mesh, model_config)
         lora, opt_state = on_mesh((lora, opt_state), mesh)
