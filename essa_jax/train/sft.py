@@ -119,46 +119,6 @@ def sft_loss_and_grad(
     return loss_sum / denom, jax.tree.map(lambda g: g / denom.astype(g.dtype), grad_sum)
 
 
-def sft_loss_and_grad_sharded(
-    lora,
-    params,
-    model_config,
-    tokens: jax.Array,
-    mask: jax.Array,
-    loss_mask: jax.Array,
-    *,
-    mesh: Mesh,
-    remat: bool = False,
-    micro_batch_size: int = 0,
-) -> tuple[jax.Array, Any]:
-    """`sft_loss_and_grad` of a batch [B, T] sharded over `mesh`'s ``data`` axis (B a multiple
-    of it): each device runs `sft_loss_and_grad` on its rows (micro_batch_size counts rows per
-    device), then one psum adds the device losses / gradients weighed by
-    w_d = max(N_d, 1) / max(N, 1), N_d / N the target tokens of device d / of the batch, so the
-    result is the whole batch's mean NLL over its N tokens (to summation order)."""
-
-    def body(lora, params, tokens, mask, loss_mask):
-        loss, grads = sft_loss_and_grad(
-            lora,
-            params,
-            model_config,
-            tokens,
-            mask,
-            loss_mask,
-            remat=remat,
-            micro_batch_size=micro_batch_size,
-        )
-        count = jnp.sum(loss_mask[:, 1:].astype(jnp.float32))
-        w = jnp.maximum(count, 1.0) / jnp.maximum(data_psum(count, mesh), 1.0)
-        grads = jax.tree.map(lambda g: w.astype(g.dtype) * g, grads)
-        return data_psum((w * loss, grads), mesh)
-
-    rows = P(DATA_AXIS)
-    return over_data(body, mesh, (P(), P(), rows, rows, rows), P())(
-        lora, params, tokens, mask, loss_mask
-    )
-
-
 @functools.partial(
     jax.jit,
     static_argnames=("model_config", "optimizer", "remat", "micro_batch_size", "mesh"),
@@ -182,24 +142,36 @@ def sft_step(
     lora and opt_state are donated; tokens, mask, loss_mask [B, T]. `remat` and
     `micro_batch_size` as in `sft_loss_and_grad` (static). Lowerable ahead of time with
     `jax.ShapeDtypeStruct` arguments (the memory planner). `mesh` (static): data-parallel over
-    its ``data`` axis (`sft_loss_and_grad_sharded`; B a multiple of it, micro_batch_size rows per
-    device); None = one device.
+    its ``data`` axis (B a multiple of it, micro_batch_size rows per device); None = one device.
+
+    Data-parallel, each device runs `sft_loss_and_grad` on its rows (`mesh.over_data`, the
+    shard_map of the GRPO programs), then one psum adds the device losses / gradients weighed by
+    w_d = max(N_d, 1) / max(N, 1), N_d / N the target tokens of device d / of the batch, so the
+    result is the whole batch's mean NLL over its N tokens (to summation order).
     """
-    loss_and_grad = (
-        sft_loss_and_grad
-        if mesh is None
-        else functools.partial(sft_loss_and_grad_sharded, mesh=mesh)
-    )
-    loss, grads = loss_and_grad(
-        lora,
-        params,
-        model_config,
-        tokens,
-        mask,
-        loss_mask,
-        remat=remat,
-        micro_batch_size=micro_batch_size,
-    )
+
+    def body(lora, params, tokens, mask, loss_mask):
+        loss, grads = sft_loss_and_grad(
+            lora,
+            params,
+            model_config,
+            tokens,
+            mask,
+            loss_mask,
+            remat=remat,
+            micro_batch_size=micro_batch_size,
+        )
+        if mesh is None:
+            return loss, grads
+        count = jnp.sum(loss_mask[:, 1:].astype(jnp.float32))
+        w = jnp.maximum(count, 1.0) / jnp.maximum(data_psum(count, mesh), 1.0)
+        grads = jax.tree.map(lambda g: w.astype(g.dtype) * g, grads)
+        return data_psum((w * loss, grads), mesh)
+
+    if mesh is not None:
+        rows = P(DATA_AXIS)
+        body = over_data(body, mesh, (P(), P(), rows, rows, rows), P())
+    loss, grads = body(lora, params, tokens, mask, loss_mask)
     updates, opt_state = optimizer.update(grads, opt_state, lora)
     lora = optax.apply_updates(lora, updates)
     return lora, opt_state, {"loss": loss, "grad_norm": optax.tree.norm(grads)}
