@@ -78,6 +78,11 @@ def test_grpo_update_is_the_same_on_1_8_and_4x2_devices(setup, case):
         beta=case["beta"],
         num_minibatches=case["num_minibatches"],
         micro_batch_size=case["mbs"],
+        # Per-row keys on every layout: a one-device mesh is one device, which with the default
+        # rows_per_chunk = 0 samples the batch with one key (`models.generate`'s draws); with
+        # chunks of at least the rows, each layout generates its rows at once, row r with
+        # fold_in(key, r), as every mesh did before the one step (re-pinned for #29).
+        rows_per_chunk=16,
     )
     num_prompts = case["num_prompts"]
     toks = jax.random.randint(jax.random.key(2), (num_prompts, 3), 3, 16).astype(jnp.int32)
