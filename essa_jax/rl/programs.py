@@ -5,9 +5,9 @@ a mesh (one device = a mesh of one): rollout, scoring, the policy loss and the u
 over ``data`` and padded to it with copies of row 0 (`essa_jax.mesh.pad_to`); the trainable, the
 optimiser state and the base weights stay replicated over it (the weights split over an Auto
 ``model`` axis, `rl.placement.place_base`). Each device generates, scores and differentiates its
-own block of rows; one psum per update adds the gradients. On a data axis of one device there is
-no padding and no collective (`essa_jax.mesh.data_psum` / `data_all_gather`), so a one-device
-program is the plain one.
+own block of rows; one psum per update adds the gradients. On a mesh of one device
+`essa_jax.mesh.over_data` is the body itself and `data_psum` / `data_all_gather` are the identity:
+no padding, no collective, no copy; the one-device program is the plain one, bit for bit.
 
 All programs are pure and lower from `jax.ShapeDtypeStruct` arguments (the memory plan).
 """
