@@ -40,8 +40,7 @@ def worker(out: str) -> None:
     from essa_jax.lora import LoraConfig, init_lora, lora_policy
     from essa_jax.mesh import make_mesh
     from essa_jax.models.tiny import tiny_model
-    from essa_jax.rl import FrozenPolicy, GRPOConfig, GRPOTrainer
-    from essa_jax.rl.trainer import place_base
+    from essa_jax.rl import FrozenPolicy, GRPOConfig, GRPOTrainer, place_base
 
     config, params = tiny_model("small", 0)
     lora = init_lora(jax.random.key(1), config, LoraConfig(rank=4, alpha=8.0), jnp.float32)

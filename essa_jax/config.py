@@ -539,16 +539,12 @@ def check_micro_batches(config, data: int) -> None:
     (ceil(batch / data) on a mesh with `data` devices along its data axis, docs/ARCHITECTURE.md
     "Data-parallel GRPO and SFT"); raises ConfigError naming the field. A method checks its own
     micro-batches (`essa_jax.train.methods.check_rows`)."""
+    from essa_jax.mesh import rows_per_device_problem
+
     mbs, batch = int(config.sft.micro_batch_size), int(config.sft.batch_size)
-    per_device = -(-batch // data)
-    if mbs and per_device % mbs:
-        raise ConfigError(
-            "sft.micro_batch_size",
-            mbs,
-            f"0 or divisors of the {per_device} rows each of the data={data} device(s) holds of "
-            f"sft.batch_size={batch}",
-            "micro_batch_size counts rows per device",
-        )
+    valid = rows_per_device_problem(mbs, batch, data, "rows", f"sft.batch_size={batch}")
+    if valid is not None:
+        raise ConfigError("sft.micro_batch_size", mbs, valid)
 
 
 def grpo_config(config, *, weighting: str | None = None):

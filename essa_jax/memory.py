@@ -13,7 +13,7 @@ Where the bytes go, per row of a generation with T prompt and N new tokens (docs
   fed back): k and v `[L, rows, Hkv, S, hd]` in the cache dtype, a `[rows, S]` bool mask and a
   `[rows]` int32 position (`models.transformer.init_cache`);
 - prefill, one layer at a time: attention scores and probabilities `[Hq, c, T]` float32 (the
-  attention materialises them for c = min(T, `models.transformer.ATTENTION_QUERY_CHUNK`) queries
+  attention materialises them for c = min(T, `models.attention.ATTENTION_QUERY_CHUNK`) queries
   at a time), queries / keys / values in float32, the MLP's `[T, I]` activations;
 - decode, one layer at a time: the layer's cache keys / values cast to float32 `[Hkv, S, hd]`,
   scores `[Hq, S]`; per step the logits `[V]` float32 and a few copies of them (temperature
@@ -111,7 +111,7 @@ def activation_bytes_per_row(
     model_shards: devices of the ``model`` axis; each computes its share of the heads and MLP
     columns (the residual stream and the logits copies are counted whole).
     """
-    from essa_jax.models.transformer import ATTENTION_QUERY_CHUNK
+    from essa_jax.models.attention import ATTENTION_QUERY_CHUNK
 
     c, m = config, model_shards
     t, s, act = prompt_len, cache_slots(prompt_len, max_new_tokens), _itemsize(dtype)

@@ -126,6 +126,25 @@ def place(tree: Any, mesh: Mesh, spec: PartitionSpec | None = None) -> Any:
     return jax.tree.map(put, tree)
 
 
+def on_mesh(tree: Any, mesh: Mesh) -> Any:
+    """`tree` as global arrays on `mesh`: leaves already spread over exactly the mesh's devices
+    (replicated, or split over ``model`` by `place_params`) are kept, `jax.ShapeDtypeStruct`s get
+    the replicated sharding (for lowering ahead of time), others are placed replicated (`place`:
+    every process holds them identically, nothing travels). The inputs of the population program
+    and of the data-parallel GRPO / SFT programs."""
+    devices = set(mesh.devices.flat)
+    replicated = NamedSharding(mesh, PartitionSpec())
+
+    def put(x: Any) -> Any:
+        if isinstance(x, jax.ShapeDtypeStruct):
+            return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=replicated)
+        if isinstance(x, jax.Array) and x.sharding.device_set == devices:
+            return x
+        return place(x, mesh)
+
+    return jax.tree.map(put, tree)
+
+
 # -- model weights over the model axis ------------------------------------------------------------
 #
 # Kernels are [L, in, out] (stacked layers; `essa_jax.models.transformer`'s params layout).
@@ -251,3 +270,114 @@ def place_params(params: Any, mesh: Mesh, model_config: Any) -> Any:
         return place(x, mesh, spec)
 
     return jax.tree.map(put, params, specs)
+
+
+# -- programs manual over the data axis ------------------------------------------------------------
+
+
+def over_data(body: Any, mesh: Mesh, in_specs: Any, out_specs: Any) -> Any:
+    """`body` once per block of rows: `jax.shard_map` manual over ``data`` alone, so ``model``
+    stays Auto (weights split over it by `place_params` stay split and the layers run tensor-
+    parallel inside, as in `population.engine`). The one shard_map of the data-parallel GRPO and
+    SFT programs (docs/ARCHITECTURE.md, "Data-parallel GRPO and SFT"). On a mesh of one device it
+    is `body` itself: one block of rows is all the rows, and the bodies call their collectives
+    through `data_psum` / `data_all_gather`, the identity on a data axis of one device, so the
+    compiled program is the plain single-device one (no collective, no copy, the same numbers)."""
+    if mesh.devices.size == 1:
+        return body
+    return jax.shard_map(
+        body,
+        mesh=mesh,
+        in_specs=in_specs,
+        out_specs=out_specs,
+        axis_names=frozenset({DATA_AXIS}),
+        # generate writes per-shard values into a jnp.zeros KV cache inside while_loop, which vma
+        # checking rejects (as in population.engine); the bodies' collectives are explicit.
+        check_vma=False,
+    )
+
+
+def data_psum(tree: Any, mesh: Mesh) -> Any:
+    """psum over ``data`` inside `over_data`; the tree itself on a data axis of one device (no
+    all-reduce in the compiled program)."""
+    return tree if axis_size(mesh, DATA_AXIS) == 1 else jax.lax.psum(tree, DATA_AXIS)
+
+
+def data_all_gather(tree: Any, mesh: Mesh) -> Any:
+    """Tiled all_gather over ``data`` inside `over_data` (every device's rows, in device order);
+    the tree itself on a data axis of one device."""
+    if axis_size(mesh, DATA_AXIS) == 1:
+        return tree
+    return jax.lax.all_gather(tree, DATA_AXIS, tiled=True)
+
+
+def rows_per_device_problem(
+    micro_batch_size: int, batch: int, data: int, unit: str, of: str
+) -> str | None:
+    """The one micro-batch rule: a micro-batch size counts rows per device, ceil(batch / data)
+    (a batch is padded to the data axis, `pad_to`), and must be 0 (the whole) or divide them.
+
+    Returns None when `micro_batch_size` is valid, else the valid values in words ("0 or a
+    divisor of the 4 rows each of the data=8 devices holds of <of> ..."; `unit` names the rows,
+    `of` the batch) for the caller's error naming its field (`config.check_micro_batches`,
+    `rl.GRPOConfig.check_micro_batch`, `train.sft.train_sft`).
+    """
+    per_device = -(-batch // data)
+    if not micro_batch_size or per_device % micro_batch_size == 0:
+        return None
+    if data == 1:
+        return f"0 or a divisor of the {batch} {unit} of {of}"
+    return (
+        f"0 or a divisor of the {per_device} {unit} each of the data={data} devices holds of "
+        f"{of} (micro_batch_size counts rows per device)"
+    )
+
+
+# -- rows generated on a mesh, back on the host ---------------------------------------------------
+
+
+def local_blocks(
+    arrays: Sequence[jax.Array], sizes: Sequence[int]
+) -> list[tuple[tuple[int, ...], list[np.ndarray]]]:
+    """The blocks of `arrays` (sharded alike over their leading len(sizes) axes, padded there by
+    `pad_to`) that this process's devices hold: `(starts, [numpy block of each array])` for each
+    replica-0 shard (a block held on several devices, e.g. over ``model``, is read once), clipped
+    to the real `sizes` (blocks of padding only are dropped), in grid order.
+
+    The one read-back of rows generated on a mesh: the population's [P_pad, B_pad] grid and
+    GRPO's [R_pad] rollouts (docs/ARCHITECTURE.md, "The path of a genome", step 3).
+    """
+    k = len(sizes)
+    blocks = []
+    for group in zip(*(a.addressable_shards for a in arrays), strict=True):
+        if group[0].replica_id != 0:
+            continue
+        bounds = [
+            (sl.indices(full)[0], min(sl.indices(full)[1], real))
+            for sl, full, real in zip(group[0].index[:k], arrays[0].shape[:k], sizes, strict=True)
+        ]
+        if any(lo >= hi for lo, hi in bounds):
+            continue  # padding only
+        cut = tuple(slice(0, hi - lo) for lo, hi in bounds)
+        blocks.append((tuple(lo for lo, _ in bounds), [np.asarray(s.data)[cut] for s in group]))
+    return sorted(blocks, key=lambda b: b[0])
+
+
+def allgather_owned(values: np.ndarray, owned: np.ndarray) -> np.ndarray:
+    """Per-process values [k, *grid], each entry filled by exactly one process (its replica-0
+    holder, `owned` bool [*grid]), combined into the whole [k, *grid] on every process.
+
+    A few floats per row cross processes (`multihost_utils.process_allgather`), never tokens.
+    Raises RuntimeError when an entry was filled by none or several processes.
+    """
+    stacked = np.concatenate([values, owned[None].astype(values.dtype)])
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        every = np.asarray(multihost_utils.process_allgather(stacked, tiled=False))
+    else:
+        every = stacked[None]
+    vals, own = every[:, :-1], every[:, -1:] > 0
+    if not np.all(own.sum(axis=0) == 1):
+        raise RuntimeError("rows generated on the mesh were read back by none or several processes")
+    return np.where(own, vals, 0).sum(axis=0)

@@ -7,6 +7,7 @@ PyTorch's `[out, in]` layout, i.e. `(B A)^T` in our `[in, out]` kernel layout.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import flax.struct
@@ -41,6 +42,18 @@ class LoRA:
     def delta_kernel(self) -> jax.Array:
         """scale * (B A)^T as an `[L, in, out]` kernel update (our weight layout)."""
         return self.scale * jnp.einsum("lri,lor->lio", self.a, self.b)
+
+
+# (trainable, frozen adapter) -> {target: adapter} (or None: no adapter): how a gradient method's
+# trainable pytree becomes the model's LoRA hook argument (`lora.policies`, `rl.GRPOTrainer`).
+ToLora = Callable[[Any, Any], Mapping[str, Any] | None]
+
+
+def plain_to_lora(trainable: Any, frozen_adapter: Any) -> Mapping[str, Any]:
+    """`to_lora` of `lora_policy` (and `rl.GRPOTrainer`'s default): the trainable pytree is the
+    LoRA dict itself."""
+    del frozen_adapter
+    return trainable
 
 
 def master_weights(tree: Any) -> Any:

@@ -15,22 +15,14 @@ The `to_lora` functions are also available on their own (`plain_to_lora`, `svd_t
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 
+from essa_jax.lora.adapter import ToLora, plain_to_lora
 from essa_jax.lora.svd import GenomeLayout, SVDBasis, SVDLoRA, genome_to_svd_lora
-
-# (trainable, frozen adapter) -> {target: adapter} (or None: no adapter).
-ToLora = Callable[[Any, Any], Mapping[str, Any] | None]
-
-
-def plain_to_lora(trainable: Any, frozen_adapter: Any) -> Mapping[str, Any]:
-    """`to_lora` of `lora_policy`: the trainable pytree is the LoRA dict itself."""
-    del frozen_adapter
-    return trainable
 
 
 def svd_to_lora(

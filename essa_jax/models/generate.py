@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from essa_jax.mesh import pad_to
+from essa_jax.models.attention import retraced
 from essa_jax.models.config import ModelConfig
 from essa_jax.models.sampling import sample_tokens
 from essa_jax.models.transformer import (
@@ -30,7 +31,6 @@ from essa_jax.models.transformer import (
     per_layer_lora,
     per_layer_params,
     prefill,
-    retraced,
 )
 
 # How the decode loop runs the layers: None = by the default backend (unrolled over per-layer
@@ -49,7 +49,7 @@ def decode_layers(mode: str) -> contextlib.AbstractContextManager:
 
     For compiling ahead of time for another platform (`essa_jax.plan` compiles the GPU / TPU
     programs on a CPU machine, where the default would pick the CPU path and its second copy of the
-    weights). JAX's trace caches are cleared on entry and exit (`transformer.retraced`): a program
+    weights). JAX's trace caches are cleared on entry and exit (`attention.retraced`): a program
     traced under one mode is never reused under the other.
     """
     if mode not in ("scan", "unrolled"):
@@ -234,6 +234,15 @@ def generate(
     )
 
 
+def row_keys(key: jax.Array, num_rows: int) -> jax.Array:
+    """Per-row sampling keys [R] (typed): row r gets fold_in(key, r), so a row's tokens depend
+    neither on the chunk (`generate_chunked`) nor on the device or process that generates it (the
+    data-parallel GRPO rollout). `key`: a typed key or raw key data."""
+    if not jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
+        key = jax.random.wrap_key_data(key)
+    return jax.vmap(jax.random.fold_in, (None, 0))(key, jnp.arange(num_rows, dtype=jnp.int32))
+
+
 def generate_chunked(
     params: Params,
     config: ModelConfig,
@@ -279,7 +288,7 @@ def generate_chunked(
     if not jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
         key = jax.random.wrap_key_data(key)
     if not _per_row_keys(key, B):
-        key = jax.vmap(jax.random.fold_in, (None, 0))(key, jnp.arange(B, dtype=jnp.int32))
+        key = row_keys(key, B)
     make_lora = lora if callable(lora) else (lambda _: lora)
     if rows_per_chunk == 0 or rows_per_chunk >= B:
         return generate(

@@ -43,7 +43,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from jax.sharding import Mesh
 
 from essa_jax.lora.svd import GenomeLayout, SVDBasis
 from essa_jax.memory import choose_rows_per_chunk, device_memory_bytes, tree_bytes
@@ -51,9 +51,11 @@ from essa_jax.mesh import (
     DATA_AXIS,
     MODEL_AXIS,
     POP_AXIS,
+    allgather_owned,
     axis_size,
+    local_blocks,
+    on_mesh,
     padded_size,
-    place,
     place_params,
 )
 from essa_jax.models import Generation, decode_completions
@@ -142,24 +144,16 @@ _FIELDS = ("tokens", "logprobs", "mask", "lengths", "finished")
 def _local_blocks(gen: Generation, num_members: int, num_prompts: int) -> list[tuple]:
     """The blocks of the padded `[P_pad, B_pad]` grid that this process scores, in grid order:
     `(members, prompts, {field: numpy [m, b, ...]})` for each replica-0 shard on its devices,
-    clipped to the real rows (a block held on several devices is scored once, by replica 0)."""
-    blocks = []
-    shards = [getattr(gen, name).addressable_shards for name in _FIELDS]
-    for group in zip(*shards, strict=True):
-        first = group[0]
-        if first.replica_id != 0:
-            continue
-        rows, cols = first.index[:2]
-        m0, m1, _ = rows.indices(gen.lengths.shape[0])
-        p0, p1, _ = cols.indices(gen.lengths.shape[1])
-        m1, p1 = min(m1, num_members), min(p1, num_prompts)
-        if m0 >= m1 or p0 >= p1:
-            continue  # padding only
-        data = {
-            n: np.asarray(s.data)[: m1 - m0, : p1 - p0] for n, s in zip(_FIELDS, group, strict=True)
-        }
-        blocks.append((np.arange(m0, m1), np.arange(p0, p1), data))
-    return sorted(blocks, key=lambda b: (b[0][0], b[1][0]))
+    clipped to the real rows (`essa_jax.mesh.local_blocks`, the read-back GRPO's rollouts use)."""
+    blocks = local_blocks([getattr(gen, n) for n in _FIELDS], (num_members, num_prompts))
+    return [
+        (
+            np.arange(m0, m0 + data[0].shape[0]),
+            np.arange(p0, p0 + data[0].shape[1]),
+            dict(zip(_FIELDS, data, strict=True)),
+        )
+        for (m0, p0), data in blocks
+    ]
 
 
 def _empty_rows(gen: Generation) -> dict[str, np.ndarray]:
@@ -174,37 +168,6 @@ def _abstract(x: Any) -> bool:
 def _shape(x: Any) -> tuple[int, ...]:
     """Shape of an array, a `jax.ShapeDtypeStruct` or a nested list."""
     return tuple(x.shape) if hasattr(x, "shape") else np.shape(x)
-
-
-def _on_mesh(tree: Any, mesh: Mesh | None) -> Any:
-    """`tree` replicated on `mesh`: arrays placed (`mesh.place`), abstract leaves given the
-    replicated sharding (for `lower`); as it is without a mesh."""
-    if mesh is None:
-        return tree
-    replicated = NamedSharding(mesh, PartitionSpec())
-    return jax.tree.map(
-        lambda x: (
-            jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=replicated)
-            if _abstract(x)
-            else place(x, mesh)
-        ),
-        tree,
-    )
-
-
-def _allgather_owned(values: np.ndarray, owned: np.ndarray) -> np.ndarray:
-    """Combine per-process arrays in which each entry is owned (filled) by exactly one process."""
-    stacked = np.concatenate([values, owned[None].astype(values.dtype)])
-    if jax.process_count() > 1:
-        from jax.experimental import multihost_utils
-
-        all_ = np.asarray(multihost_utils.process_allgather(stacked, tiled=False))
-    else:
-        all_ = stacked[None]
-    vals, own = all_[:, :-1], all_[:, -1:] > 0
-    if not np.all(own.sum(axis=0) == 1):
-        raise RuntimeError("population rows were scored by none or several processes")
-    return np.where(own, vals, 0).sum(axis=0)
 
 
 class PopulationEvaluator:
@@ -289,7 +252,7 @@ class PopulationEvaluator:
             arr(batch.mask, np.int32),
             key if _abstract(key) else np.asarray(key),
         )
-        return _on_mesh(args, self.mesh)
+        return args if self.mesh is None else on_mesh(args, self.mesh)
 
     def shard_rows(self, num_members: int, num_prompts: int) -> int:
         """Rows each device generates: (P_pad / pop) * (B_pad / data) (`essa_jax.mesh` padding)."""
@@ -437,7 +400,7 @@ class PopulationEvaluator:
         grid[1, members, prompts] = rows.lengths
         grid[2, members, prompts] = rows.finished
         owned[members, prompts] = True
-        rewards, lengths, finished = _allgather_owned(grid, owned)
+        rewards, lengths, finished = allgather_owned(grid, owned)
         lengths, finished = lengths.astype(np.int32), finished > 0
         fitness = rewards.mean(axis=1)
         metrics = {

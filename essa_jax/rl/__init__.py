@@ -20,7 +20,7 @@ rollout is right, reward >= r_correct / wrong, reward <= r_wrong: F-GRPO's diagn
 `group_outcome_fractions`), focal_weight_mean (mean advantage weight; 1 with weighting "none"),
 clip_low_frac / clip_high_frac, ratio_mean / ratio_min / ratio_max, kl (k3, to the base model; 0
 when beta = 0 and no reference), entropy (mean token entropy of the sampling policy over the
-completion tokens, nats; `GRPOTrainer._metrics`), loss / pg_loss, adv_*,
+completion tokens, nats; `rl.outcomes.step_metrics`), loss / pg_loss, adv_*,
 completion_len_mean, truncation_rate (no EOS within max_new_tokens), grad_norm (before clipping),
 update_norm, tokens_per_s (completion tokens per second of the whole step), rollout_tokens_per_s,
 rollout_s, reward_s, score_s, update_s, step_s.
@@ -35,15 +35,12 @@ from essa_jax.rl.advantage import (
 )
 from essa_jax.rl.config import GRPOConfig, GRPOConfigError
 from essa_jax.rl.losses import AGGREGATIONS, LOSS_KINDS, aggregate, k3_kl, policy_loss
-from essa_jax.rl.trainer import (
-    FrozenPolicy,
-    GRPOState,
-    GRPOTrainer,
-    RolloutBatch,
-    compute_advantages,
-    group_outcome_fractions,
-    make_optimizer,
-)
+from essa_jax.rl.optimizer import adamw, make_optimizer
+from essa_jax.rl.outcomes import compute_advantages, group_outcome_fractions, step_metrics
+from essa_jax.rl.placement import on_mesh, one_device_mesh, place_base
+from essa_jax.rl.programs import GRPOPrograms
+from essa_jax.rl.state import FrozenPolicy, GRPOState, RewardFn, RolloutBatch
+from essa_jax.rl.trainer import GRPOTrainer
 from essa_jax.rl.weighting import (
     focal_group_advantages,
     focal_weights,
@@ -59,9 +56,12 @@ __all__ = [
     "FrozenPolicy",
     "GRPOConfig",
     "GRPOConfigError",
+    "GRPOPrograms",
     "GRPOState",
     "GRPOTrainer",
+    "RewardFn",
     "RolloutBatch",
+    "adamw",
     "aggregate",
     "compute_advantages",
     "estimator_names",
@@ -73,9 +73,13 @@ __all__ = [
     "group_outcome_fractions",
     "k3_kl",
     "make_optimizer",
+    "on_mesh",
+    "one_device_mesh",
+    "place_base",
     "policy_loss",
     "register_estimator",
     "register_weighting",
+    "step_metrics",
     "success_rate",
     "weighting_names",
     "zero_variance_fraction",

@@ -23,6 +23,7 @@ import dataclasses
 import math
 from typing import Any
 
+from essa_jax.mesh import rows_per_device_problem
 from essa_jax.rl.advantage import estimator_names
 from essa_jax.rl.losses import AGGREGATIONS, LOSS_KINDS
 from essa_jax.rl.weighting import weighting_names
@@ -249,14 +250,8 @@ class GRPOConfig:
         """Raise GRPOConfigError unless micro_batch_size is 0 or divides the rollouts each of
         `data` devices holds of a `minibatch` (ceil(minibatch / data): the mini-batch is padded
         to the data axis, `essa_jax.mesh.pad_to`)."""
-        per_device = -(-minibatch // data)
-        if self.micro_batch_size and per_device % self.micro_batch_size:
-            if data == 1:
-                valid = f"0 or a divisor of the {minibatch} rollouts of a mini-batch"
-            else:
-                valid = (
-                    f"0 or a divisor of the {per_device} rollouts each of the data={data} "
-                    f"devices holds of a mini-batch of {minibatch} (micro_batch_size counts rows "
-                    "per device)"
-                )
+        valid = rows_per_device_problem(
+            self.micro_batch_size, minibatch, data, "rollouts", f"a mini-batch of {minibatch}"
+        )
+        if valid is not None:
             raise GRPOConfigError("micro_batch_size", self.micro_batch_size, valid)

@@ -11,7 +11,7 @@ preset weighting "focal" with gamma = grpo.focal_gamma). Which variant runs is t
 and the programs the plan compiles (`grpo_programs`, built with the loop's own `grpo_trainer`).
 
 On several devices (or processes) the trainer runs data-parallel on `run.mesh`
-(`pipeline.data_parallel_mesh`): the base weights are placed on it once (`rl.trainer.place_base`),
+(`pipeline.data_parallel_mesh`): the base weights are placed on it once (`rl.place_base`),
 rollouts / scoring / updates are sharded over ``data``, each process rewards only its own rows.
 """
 
@@ -32,8 +32,16 @@ from essa_jax.config import (
     grpo_config,
     search_seed,
 )
-from essa_jax.rl import FrozenPolicy, GRPOConfigError, GRPOState, GRPOTrainer, get_weighting
-from essa_jax.rl.trainer import RolloutBatch, on_mesh, place_base
+from essa_jax.rl import (
+    FrozenPolicy,
+    GRPOConfigError,
+    GRPOState,
+    GRPOTrainer,
+    RolloutBatch,
+    get_weighting,
+    on_mesh,
+    place_base,
+)
 from essa_jax.train.essa import genome_layout
 from essa_jax.train.programs import Program, ProgramInputs, abstract, mesh_sizes, model_flops
 from essa_jax.train.rollouts import init_cursor, next_indices
@@ -243,7 +251,7 @@ class GRPOLoop:
             # F-GRPO's diagnostics (arXiv 2602.06717), splitting zero_variance: prompt groups whose
             # every rollout is right (reward >= grpo.r_correct, 1.0 for "arith" / "math") or wrong
             # (<= grpo.r_wrong); `entropy` (kept as is) is the sampling policy's mean token entropy
-            # over the completion tokens (`rl.GRPOTrainer._metrics`).
+            # over the completion tokens (`rl.outcomes.step_metrics`).
             "all_right": m.pop("all_right_frac"),
             "all_wrong": m.pop("all_wrong_frac"),
             "completion_len": m.pop("completion_len_mean"),

@@ -28,9 +28,18 @@ from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
 from essa_jax.lora.adapter import master_weights
-from essa_jax.mesh import DATA_AXIS, axis_size, padded_size, place
+from essa_jax.mesh import (
+    DATA_AXIS,
+    axis_size,
+    data_psum,
+    over_data,
+    padded_size,
+    place,
+    rows_per_device_problem,
+)
 from essa_jax.models import sequence_logprobs
-from essa_jax.rl.trainer import on_mesh, place_base
+from essa_jax.rl import on_mesh, place_base
+from essa_jax.rl.optimizer import adamw as make_optimizer  # the one builder (rl.optimizer)
 from essa_jax.train.rollouts import PromptSet, init_cursor, next_indices
 
 
@@ -55,19 +64,6 @@ def sft_sequences(data: PromptSet, pad_id: int) -> tuple[np.ndarray, np.ndarray,
         mask[i, length - len(s) :] = 1
         loss_mask[i, length - len(s) :] = t
     return tokens, mask, loss_mask
-
-
-@functools.lru_cache(maxsize=8)
-def make_optimizer(learning_rate: float, weight_decay: float, max_grad_norm: float):
-    """AdamW (Loshchilov & Hutter 2019) after global-norm clipping.
-
-    Cached: the optimiser is a static argument of the jitted step, so equal settings must give the
-    same object for the compiled step to be reused (e.g. by a resumed or repeated run).
-    """
-    return optax.chain(
-        optax.clip_by_global_norm(max_grad_norm),
-        optax.adamw(learning_rate, weight_decay=weight_decay),
-    )
 
 
 def sft_loss(lora, params, model_config, tokens, mask, loss_mask, remat: bool = False):
@@ -123,52 +119,6 @@ def sft_loss_and_grad(
     return loss_sum / denom, jax.tree.map(lambda g: g / denom.astype(g.dtype), grad_sum)
 
 
-def sft_loss_and_grad_sharded(
-    lora,
-    params,
-    model_config,
-    tokens: jax.Array,
-    mask: jax.Array,
-    loss_mask: jax.Array,
-    *,
-    mesh: Mesh,
-    remat: bool = False,
-    micro_batch_size: int = 0,
-) -> tuple[jax.Array, Any]:
-    """`sft_loss_and_grad` of a batch [B, T] sharded over `mesh`'s ``data`` axis (B a multiple
-    of it): each device runs `sft_loss_and_grad` on its rows (micro_batch_size counts rows per
-    device), then one psum adds the device losses / gradients weighed by
-    w_d = max(N_d, 1) / max(N, 1), N_d / N the target tokens of device d / of the batch, so the
-    result is the whole batch's mean NLL over its N tokens (to summation order)."""
-
-    def body(lora, params, tokens, mask, loss_mask):
-        loss, grads = sft_loss_and_grad(
-            lora,
-            params,
-            model_config,
-            tokens,
-            mask,
-            loss_mask,
-            remat=remat,
-            micro_batch_size=micro_batch_size,
-        )
-        count = jnp.sum(loss_mask[:, 1:].astype(jnp.float32))
-        w = jnp.maximum(count, 1.0) / jnp.maximum(jax.lax.psum(count, DATA_AXIS), 1.0)
-        grads = jax.tree.map(lambda g: w.astype(g.dtype) * g, grads)
-        return jax.lax.psum((w * loss, grads), DATA_AXIS)
-
-    rows = P(DATA_AXIS)
-    return jax.shard_map(
-        body,
-        mesh=mesh,
-        in_specs=(P(), P(), rows, rows, rows),
-        out_specs=P(),
-        # Manual over data alone: weights split over an Auto ``model`` axis stay split.
-        axis_names=frozenset({DATA_AXIS}),
-        check_vma=False,
-    )(lora, params, tokens, mask, loss_mask)
-
-
 @functools.partial(
     jax.jit,
     static_argnames=("model_config", "optimizer", "remat", "micro_batch_size", "mesh"),
@@ -192,24 +142,36 @@ def sft_step(
     lora and opt_state are donated; tokens, mask, loss_mask [B, T]. `remat` and
     `micro_batch_size` as in `sft_loss_and_grad` (static). Lowerable ahead of time with
     `jax.ShapeDtypeStruct` arguments (the memory planner). `mesh` (static): data-parallel over
-    its ``data`` axis (`sft_loss_and_grad_sharded`; B a multiple of it, micro_batch_size rows per
-    device); None = one device.
+    its ``data`` axis (B a multiple of it, micro_batch_size rows per device); None = one device.
+
+    Data-parallel, each device runs `sft_loss_and_grad` on its rows (`mesh.over_data`, the
+    shard_map of the GRPO programs), then one psum adds the device losses / gradients weighed by
+    w_d = max(N_d, 1) / max(N, 1), N_d / N the target tokens of device d / of the batch, so the
+    result is the whole batch's mean NLL over its N tokens (to summation order).
     """
-    loss_and_grad = (
-        sft_loss_and_grad
-        if mesh is None
-        else functools.partial(sft_loss_and_grad_sharded, mesh=mesh)
-    )
-    loss, grads = loss_and_grad(
-        lora,
-        params,
-        model_config,
-        tokens,
-        mask,
-        loss_mask,
-        remat=remat,
-        micro_batch_size=micro_batch_size,
-    )
+
+    def body(lora, params, tokens, mask, loss_mask):
+        loss, grads = sft_loss_and_grad(
+            lora,
+            params,
+            model_config,
+            tokens,
+            mask,
+            loss_mask,
+            remat=remat,
+            micro_batch_size=micro_batch_size,
+        )
+        if mesh is None:
+            return loss, grads
+        count = jnp.sum(loss_mask[:, 1:].astype(jnp.float32))
+        w = jnp.maximum(count, 1.0) / jnp.maximum(data_psum(count, mesh), 1.0)
+        grads = jax.tree.map(lambda g: w.astype(g.dtype) * g, grads)
+        return data_psum((w * loss, grads), mesh)
+
+    if mesh is not None:
+        rows = P(DATA_AXIS)
+        body = over_data(body, mesh, (P(), P(), rows, rows, rows), P())
+    loss, grads = body(lora, params, tokens, mask, loss_mask)
     updates, opt_state = optimizer.update(grads, opt_state, lora)
     lora = optax.apply_updates(lora, updates)
     return lora, opt_state, {"loss": loss, "grad_norm": optax.tree.norm(grads)}
@@ -238,7 +200,7 @@ def train_sft(
     mesh: data-parallel over its ``data`` axis (every process calls this with the same
     arguments): each batch is padded to the axis with copies of its row 0 carrying no loss
     (`mesh.pad_to`'s rule), sharded, and `micro_batch_size` counts rows per device; the base
-    weights are placed once (`rl.trainer.place_base`) and the LoRA comes back as a local copy.
+    weights are placed once (`rl.place_base`) and the LoRA comes back as a local copy.
     """
     tokens, mask, loss_mask = sft_sequences(data, pad_id)
     optimizer = make_optimizer(
@@ -252,13 +214,16 @@ def train_sft(
     batch_size = int(sft_config.batch_size)
     padded = padded_size(batch_size, axis_size(mesh, DATA_AXIS))
     if mesh is not None:
-        data_size = axis_size(mesh, DATA_AXIS)
-        per_device = padded // data_size
-        if micro_batch_size and per_device % micro_batch_size:
+        valid = rows_per_device_problem(
+            micro_batch_size,
+            batch_size,
+            axis_size(mesh, DATA_AXIS),
+            "rows",
+            f"a batch of {batch_size}",
+        )
+        if valid is not None:
             raise ValueError(
-                f"sft.micro_batch_size={micro_batch_size} must be 0 or divide the {per_device} "
-                f"rows each of the data={data_size} devices holds of a batch of {batch_size} "
-                "(micro_batch_size counts rows per device)"
+                f"sft.micro_batch_size={micro_batch_size} is invalid: valid are {valid}"
             )
         params = place_base(params, mesh, model_config)
         lora, opt_state = on_mesh((lora, opt_state), mesh)

@@ -25,8 +25,12 @@ import jax.numpy as jnp  # noqa: E402
 from essa_jax.lora import LoraConfig, init_lora, lora_policy  # noqa: E402
 from essa_jax.mesh import make_mesh  # noqa: E402
 from essa_jax.models import init_params  # noqa: E402
-from essa_jax.rl import FrozenPolicy, GRPOConfig, GRPOTrainer  # noqa: E402
-from essa_jax.rl.trainer import place_base  # noqa: E402
+from essa_jax.rl import (  # noqa: E402
+    FrozenPolicy,
+    GRPOConfig,
+    GRPOTrainer,
+    place_base,
+)
 from essa_jax.train.rollouts import PromptSet  # noqa: E402
 from essa_jax.train.sft import train_sft  # noqa: E402
 

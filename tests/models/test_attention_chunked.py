@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from essa_jax.lora import LoraConfig, init_lora
+from essa_jax.models import attention as tr
 from essa_jax.models import forward, hidden_states, init_cache
-from essa_jax.models import transformer as tr
 from essa_jax.models.tiny import tiny_model_config
 from essa_jax.models.transformer import init_params, per_layer_params
 

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 from test_kv_cache import _batch, _config, _model
 
+from essa_jax.models import attention as T
 from essa_jax.models import forward, generate_jit, prefill
-from essa_jax.models import transformer as T
 
 
 @pytest.mark.parametrize("sliding_window", [None, 3])

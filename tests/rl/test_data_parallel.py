@@ -15,8 +15,7 @@ from essa_jax.config import ConfigError, base_config
 from essa_jax.lora import LoraConfig, init_lora, lora_policy
 from essa_jax.mesh import make_mesh
 from essa_jax.models import init_params
-from essa_jax.rl import FrozenPolicy, GRPOConfig, GRPOConfigError, GRPOTrainer
-from essa_jax.rl.trainer import place_base
+from essa_jax.rl import FrozenPolicy, GRPOConfig, GRPOConfigError, GRPOTrainer, place_base
 from essa_jax.train.pipeline import check_data_parallel
 from essa_jax.train.rollouts import PromptSet
 from essa_jax.train.sft import train_sft
@@ -79,6 +78,11 @@ def test_grpo_update_is_the_same_on_1_8_and_4x2_devices(setup, case):
         beta=case["beta"],
         num_minibatches=case["num_minibatches"],
         micro_batch_size=case["mbs"],
+        # Per-row keys on every layout: a one-device mesh is one device, which with the default
+        # rows_per_chunk = 0 samples the batch with one key (`models.generate`'s draws); with
+        # chunks of at least the rows, each layout generates its rows at once, row r with
+        # fold_in(key, r), as every mesh did before the one step (re-pinned for #29).
+        rows_per_chunk=16,
     )
     num_prompts = case["num_prompts"]
     toks = jax.random.randint(jax.random.key(2), (num_prompts, 3), 3, 16).astype(jnp.int32)

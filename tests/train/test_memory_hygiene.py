@@ -17,10 +17,9 @@ from essa_jax.lora import LoraConfig, init_lora
 from essa_jax.lora.adapter import master_weights
 from essa_jax.models import hidden_states
 from essa_jax.models.tiny import tiny_model
-from essa_jax.rl import FrozenPolicy, GRPOConfig, GRPOTrainer
+from essa_jax.rl import FrozenPolicy, GRPOConfig, GRPOTrainer, RolloutBatch
 from essa_jax.rl.config import GRPOConfigError
 from essa_jax.rl.losses import AGGREGATIONS
-from essa_jax.rl.trainer import RolloutBatch
 from essa_jax.train import validate_config
 from essa_jax.train.sft import make_optimizer as sft_optimizer
 from essa_jax.train.sft import sft_loss_and_grad, sft_step

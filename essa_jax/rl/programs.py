@@ -1,0 +1,372 @@
+"""The compiled programs of a GRPO-family step, each one `jax.shard_map` over the ``data`` axis of
+a mesh (one device = a mesh of one): rollout, scoring, the policy loss and the update.
+
+(docs/ARCHITECTURE.md, "The path of a rollout" and "Data-parallel GRPO and SFT".) Rows are sharded
+over ``data`` and padded to it with copies of row 0 (`essa_jax.mesh.pad_to`); the trainable, the
+optimiser state and the base weights stay replicated over it (the weights split over an Auto
+``model`` axis, `rl.placement.place_base`). Each device generates, scores and differentiates its
+own block of rows; one psum per update adds the gradients. On a mesh of one device
+`essa_jax.mesh.over_data` is the body itself and `data_psum` / `data_all_gather` are the identity:
+no padding, no collective, no copy; the one-device program is the plain one, bit for bit.
+
+All programs are pure and lower from `jax.ShapeDtypeStruct` arguments (the memory plan).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from essa_jax.lora.adapter import ToLora
+from essa_jax.mesh import (
+    DATA_AXIS,
+    axis_size,
+    data_all_gather,
+    data_psum,
+    over_data,
+    pad_to,
+    padded_size,
+)
+from essa_jax.models.config import ModelConfig
+from essa_jax.models.generate import Generation, generate, generate_chunked, row_keys
+from essa_jax.models.logprobs import sequence_logprobs
+from essa_jax.rl.config import GRPOConfig
+from essa_jax.rl.losses import combine_micro_batch_aux, micro_batch_weights, policy_loss
+from essa_jax.rl.state import FrozenPolicy, RolloutBatch
+
+ROWS = P(DATA_AXIS)
+
+
+class GRPOPrograms:
+    """The jitted programs of one model config, `GRPOConfig`, parameterisation and mesh.
+
+    Public, each jitted once (no buffer donation: a caller may keep the old state, e.g. to retry
+    or compare a step):
+      rollout(policy, trainable, prompt_tokens [P, Tp], prompt_mask [P, Tp], key) -> Generation
+        of the R = P * group_size rows padded to the data axis;
+      score(policy, trainable, tokens, attention_mask, with_policy=, with_ref=, last=) ->
+        (policy, reference) log-probs of sharded rows;
+      update_step(policy, trainable, opt_state, batch, num_rows=None) -> (trainable, opt_state,
+        metrics): one optax update on a sharded mini-batch whose rows >= num_rows are padding.
+    """
+
+    def __init__(
+        self,
+        model_config: ModelConfig,
+        cfg: GRPOConfig,
+        to_lora: ToLora,
+        optimizer: optax.GradientTransformation,
+        eos_token_ids: Sequence[int],
+        mesh: Mesh,
+    ):
+        self.model_config = model_config
+        self.cfg = cfg
+        self.to_lora = to_lora
+        self.optimizer = optimizer
+        self.eos_token_ids = tuple(eos_token_ids)
+        self.mesh = mesh
+        self.data = axis_size(mesh, DATA_AXIS)
+        rows = NamedSharding(mesh, ROWS)
+        self.rollout = jax.jit(self._rollout)
+        self.score = jax.jit(self._score, static_argnames=("with_policy", "with_ref", "last"))
+        self.update_step = jax.jit(self._update_step, static_argnames=("num_rows",))
+        self.assemble = jax.jit(self._assemble, out_shardings=rows)
+        self.take = jax.jit(self._take, out_shardings=rows)
+
+    # -- rollout
+
+    def _rollout(
+        self,
+        policy: FrozenPolicy,
+        trainable: Any,
+        prompt_tokens: jax.Array,
+        prompt_mask: jax.Array,
+        key: jax.Array,
+    ) -> Generation:
+        """group_size completions per prompt: rows [R_pad] sharded over ``data`` (R = P *
+        group_size, each prompt's group contiguous, padded to the axis with copies of row 0).
+
+        Row r samples with fold_in(key, r) (`models.generate.row_keys`) whatever the device or
+        process that generates it; each device runs its rows in chunks of cfg.rows_per_chunk (0 =
+        at once), one chunk's KV cache live at a time; its decode loop stops when its own rows are
+        done (no collective per token). One exception keeps the single-device sampling of
+        `models.generate`: on a data axis of one device with rows_per_chunk = 0 the batch samples
+        with the one key (other draws than the per-row keys). `key`: typed or raw key data.
+        """
+        cfg = self.cfg
+        if jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
+            key = jax.random.key_data(key)
+        tokens = jnp.repeat(prompt_tokens, cfg.group_size, axis=0)
+        mask = jnp.repeat(prompt_mask, cfg.group_size, axis=0)
+        padded = padded_size(tokens.shape[0], self.data)
+        one_key = self.data == 1 and not cfg.rows_per_chunk
+        keys = key if one_key else jax.random.key_data(row_keys(key, tokens.shape[0]))
+        tokens, mask = pad_to(tokens, padded, 0), pad_to(mask, padded, 0)
+        if not one_key:
+            keys = pad_to(keys, padded, 0)
+        settings = dict(
+            max_new_tokens=cfg.max_new_tokens,
+            temperature=cfg.temperature,
+            top_k=cfg.top_k,
+            top_p=cfg.top_p,
+            eos_token_ids=self.eos_token_ids,
+        )
+
+        def body(policy, trainable, tokens, mask, keys):
+            lora = self.to_lora(trainable, policy.adapter)
+            if one_key:
+                return generate(
+                    policy.base, self.model_config, tokens, mask, keys, lora=lora, **settings
+                )
+            return generate_chunked(
+                policy.base,
+                self.model_config,
+                tokens,
+                mask,
+                keys,
+                rows_per_chunk=cfg.rows_per_chunk,
+                lora=lora,
+                **settings,
+            )
+
+        key_spec = P() if one_key else ROWS
+        return over_data(body, self.mesh, (P(), P(), ROWS, ROWS, key_spec), ROWS)(
+            policy, trainable, tokens, mask, keys
+        )
+
+    # -- scoring
+
+    def _score(
+        self,
+        policy: FrozenPolicy,
+        trainable: Any,
+        tokens: jax.Array,
+        attention_mask: jax.Array,
+        with_policy: bool = True,
+        with_ref: bool = False,
+        last: int | None = None,
+    ) -> tuple[jax.Array | None, jax.Array | None]:
+        """(policy, reference) log-probs [B_pad, T-1] of data-sharded rows `tokens` ([B_pad, last]
+        of their final `last` targets: the completion), each device scoring its own block; the
+        reference is the base model with the adapter disabled (lora=None), so no second copy of
+        the weights exists."""
+
+        def body(policy, trainable, tokens, attention_mask):
+            out = []
+            lora = self.to_lora(trainable, policy.adapter)
+            for on, adapter in ((with_policy, lora), (with_ref, None)):
+                out.append(
+                    sequence_logprobs(
+                        policy.base,
+                        self.model_config,
+                        tokens,
+                        attention_mask,
+                        lora=adapter,
+                        temperature=self.cfg.temperature,
+                        remat=self.cfg.remat,
+                        last=last,
+                    )
+                    if on
+                    else None
+                )
+            return out[0], out[1]
+
+        return over_data(body, self.mesh, (P(), P(), ROWS, ROWS), (ROWS, ROWS))(
+            policy, trainable, tokens, attention_mask
+        )
+
+    # -- the loss and the update
+
+    def loss(
+        self, policy: FrozenPolicy, trainable: Any, batch: RolloutBatch
+    ) -> tuple[jax.Array, dict[str, jax.Array]]:
+        """The policy loss of `batch` (local rows) under `trainable` (to be minimised) and its
+        diagnostics (`rl.losses.policy_loss`: GRPO / DAPO clipped ratio, CISPO clipped weight)."""
+        cfg = self.cfg
+        num_new = batch.completion_mask.shape[1]
+        lp, ent = sequence_logprobs(
+            policy.base,
+            self.model_config,
+            batch.tokens,
+            batch.attention_mask,
+            lora=self.to_lora(trainable, policy.adapter),
+            temperature=cfg.temperature,
+            return_entropy=True,
+            remat=cfg.remat,
+            last=num_new,  # the head and its softmax run on the completion positions only
+        )
+        old = jax.lax.stop_gradient(lp) if batch.old_logp is None else batch.old_logp
+        return policy_loss(
+            lp,
+            old,
+            batch.advantages,
+            batch.completion_mask,
+            kind=cfg.loss,
+            eps_low=cfg.eps_low,
+            eps_high=cfg.eps_high,
+            agg=cfg.agg,
+            max_len=cfg.norm_len,
+            ref_logp=batch.ref_logp,
+            beta=cfg.beta,
+            entropy=ent,
+        )
+
+    def _accumulate(
+        self,
+        policy: FrozenPolicy,
+        trainable: Any,
+        batch: RolloutBatch,
+        weights: jax.Array,
+    ) -> tuple[tuple[jax.Array, dict[str, jax.Array]], Any]:
+        """((losses [n], auxs [n]), sum_i w_i grad_i) of one device's rows [b, ...] split into
+        n contiguous micro-batches under `lax.scan` (one micro-batch's activations alive at a
+        time), `weights` [n] those of `micro_batch_weights`."""
+        grad_fn = jax.value_and_grad(self.loss, argnums=1, has_aux=True)
+        n = weights.shape[0]
+        micro = jax.tree.map(lambda x: x.reshape(n, -1, *x.shape[1:]), batch)
+
+        def one(acc, xs):
+            mb, w = xs
+            (loss, aux), g = grad_fn(policy, trainable, mb)
+            acc = jax.tree.map(lambda a, gi: a + w.astype(gi.dtype) * gi, acc, g)
+            return acc, (loss, aux)
+
+        zero = jax.tree.map(jnp.zeros_like, trainable)
+        grads, (losses, auxs) = jax.lax.scan(one, zero, (micro, weights))
+        return (losses, auxs), grads
+
+    def loss_and_grad(
+        self, policy: FrozenPolicy, trainable: Any, batch: RolloutBatch
+    ) -> tuple[tuple[jax.Array, dict[str, jax.Array]], Any]:
+        """((loss, aux), d loss / d trainable) of a mini-batch of B rollouts on one device.
+
+        cfg.micro_batch_size = 0 (or B): one pass. Else gradient accumulation (`_accumulate`),
+        micro-batch i weighed by `micro_batch_weights` so that every aggregation keeps the
+        mini-batch's normaliser (token_mean: its token count; the sequence means: its row count).
+        The update equals the whole-batch one up to summation order; aux is
+        `combine_micro_batch_aux`'s.
+        """
+        B = batch.tokens.shape[0]
+        mbs = self.cfg.micro_batch_size
+        if not mbs or mbs == B:
+            return jax.value_and_grad(self.loss, argnums=1, has_aux=True)(policy, trainable, batch)
+        self.cfg.check_micro_batch(B)
+        masks = batch.completion_mask.reshape(B // mbs, mbs, -1)
+        weights = micro_batch_weights(masks, self.cfg.agg)
+        (losses, auxs), grads = self._accumulate(policy, trainable, batch, weights)
+        aux = combine_micro_batch_aux(auxs, masks, weights)
+        return (jnp.sum(weights * losses), aux), grads
+
+    def _update_step(
+        self,
+        policy: FrozenPolicy,
+        trainable: Any,
+        opt_state: Any,
+        batch: RolloutBatch,
+        num_rows: int | None = None,
+    ) -> tuple[Any, Any, dict[str, jax.Array]]:
+        """One optax update on a mini-batch of B_pad rows sharded over ``data``: (trainable,
+        opt_state, metrics); rows >= num_rows (static; None = none) are padding with
+        completion_mask and advantages 0.
+
+        Each device accumulates over its own micro-batches of cfg.micro_batch_size rows (0 = all
+        its rows), and one psum adds the weighted gradients. The d x n micro-batches of all
+        devices are the micro-batches of `loss_and_grad`, weighed by `micro_batch_weights` of the
+        all-gathered completion mask, so the token mean divides by the *global* token count
+        (max(N_i, 1) / max(N, 1)); the sequence means' 1 / (d n) is rescaled to rows / num_rows
+        so padding rows count in no denominator. The update equals the one-device one up to
+        summation order; aux is `combine_micro_batch_aux` over all micro-batches (advantage
+        statistics over the real rows), identical on every device. One device holding the whole
+        mini-batch as one micro-batch takes one plain pass.
+        """
+        cfg, d = self.cfg, self.data
+        padded = batch.tokens.shape[0]
+        num_rows = padded if num_rows is None else num_rows
+        if padded % d or padded != padded_size(num_rows, d):
+            raise ValueError(
+                f"a data-parallel mini-batch of {num_rows} rows must arrive padded to "
+                f"{padded_size(num_rows, d)} (a multiple of data={d}), got {padded}"
+            )
+        cfg.check_micro_batch(num_rows, d)
+        local = padded // d
+        n = local // (cfg.micro_batch_size or local)
+
+        def body(policy, trainable, batch):
+            if n * d == 1:
+                (loss, aux), grads = jax.value_and_grad(self.loss, argnums=1, has_aux=True)(
+                    policy, trainable, batch
+                )
+                return loss, aux, grads
+            masks = data_all_gather(batch.completion_mask, self.mesh)
+            masks = masks.reshape(d * n, local // n, -1)  # [d n, mbs, N]
+            weights = micro_batch_weights(masks, cfg.agg)
+            if cfg.agg != "token_mean" and num_rows < padded:
+                weights = weights * (padded / num_rows)
+            mine = weights
+            if d > 1:
+                mine = jax.lax.dynamic_slice_in_dim(weights, jax.lax.axis_index(DATA_AXIS) * n, n)
+            (losses, auxs), grads = self._accumulate(policy, trainable, batch, mine)
+            grads = data_psum(grads, self.mesh)  # the one all-reduce of the update
+            losses, auxs = data_all_gather((losses, auxs), self.mesh)
+            aux = combine_micro_batch_aux(auxs, masks, weights)
+            if num_rows < padded:
+                adv = data_all_gather(batch.advantages, self.mesh)[:num_rows]
+                aux.update(
+                    adv_mean=jnp.mean(adv),
+                    adv_std=jnp.std(adv),
+                    adv_min=jnp.min(adv),
+                    adv_max=jnp.max(adv),
+                )
+            return jnp.sum(weights * losses), aux, grads
+
+        loss, aux, grads = over_data(body, self.mesh, (P(), P(), ROWS), (P(), P(), P()))(
+            policy, trainable, batch
+        )
+        updates, opt_state = self.optimizer.update(grads, opt_state, trainable)
+        trainable = optax.apply_updates(trainable, updates)
+        metrics = {
+            **aux,
+            "loss": loss,
+            "grad_norm": optax.tree.norm(grads),
+            "update_norm": optax.tree.norm(updates),
+        }
+        return trainable, opt_state, metrics
+
+    # -- the batch on the mesh
+
+    def _assemble(
+        self,
+        prompt_tokens: jax.Array,
+        prompt_mask: jax.Array,
+        gen: Generation,
+        advantages: jax.Array,
+    ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+        """(tokens, attention mask, completion mask, advantages) of a rollout [R_pad]: prompts
+        repeated and padded as `_rollout` did; padding rows get completion mask and advantage 0
+        (they then weigh nothing in any aggregation)."""
+        n = self.cfg.group_size
+        padded, num_rows = gen.tokens.shape[0], prompt_tokens.shape[0] * n
+        real = jnp.arange(padded) < num_rows
+        prompt = pad_to(jnp.repeat(prompt_tokens, n, 0), padded, 0)
+        pmask = pad_to(jnp.repeat(prompt_mask, n, 0), padded, 0)
+        tokens = jnp.concatenate([prompt, gen.tokens], axis=1)
+        attn = jnp.concatenate([pmask.astype(jnp.int32), gen.mask.astype(jnp.int32)], axis=1)
+        comp = gen.mask.astype(jnp.float32)
+        adv = pad_to(advantages, padded, 0)
+        if num_rows < padded:
+            comp, adv = comp * real[:, None], adv * real
+        return tokens, attn, comp, adv
+
+    def _take(self, batch: RolloutBatch, idx: jax.Array, valid: jax.Array) -> RolloutBatch:
+        """Rows `idx` [b] of a sharded batch (a mini-batch), those with valid 0 made padding."""
+        sub = jax.tree.map(lambda x: x[idx], batch)
+        return sub.replace(
+            completion_mask=sub.completion_mask * valid[:, None],
+            advantages=sub.advantages * valid,
+        )
