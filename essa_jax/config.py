@@ -242,6 +242,12 @@ def base_config() -> ml_collections.ConfigDict:
     c.checkpoint = ml_collections.ConfigDict()
     c.checkpoint.every = 10  # steps between checkpoints (and at the end); 0 = end only
     c.checkpoint.keep = 2
+    # SIGTERM / SIGINT (a preempted VM, Slurm, Kubernetes, Ctrl-C): the run finishes the step in
+    # progress, checkpoints it and exits with 128 + the signal (143 / 130). If that takes longer
+    # than this many seconds (or a second signal comes), it exits at once without a checkpoint and
+    # resumes from the previous one (essa_jax.preemption). Keep it below the scheduler's grace
+    # period (Kubernetes: 30 s by default; Slurm: KillWait).
+    c.checkpoint.preempt_seconds = 25.0
     c.log_every = 1
     return c
 
@@ -589,8 +595,55 @@ def validate_config(config, num_devices: int | None = None, *, model_config: Any
     _check_positive("eval.batch_size", ev.batch_size)
     _check_positive("checkpoint.every", config.checkpoint.every, allow_zero=True)
     _check_positive("checkpoint.keep", config.checkpoint.keep)
+    check_finite_fields(config)
     # Last: the batch fields it reads are valid by now. Micro-batches count rows per device.
     check_micro_batches(config, num_devices // config.mesh.model if num_devices > 1 else 1)
+
+
+# Float fields that must be finite numbers (nan / inf would train or sample garbage, found only
+# after the model is loaded and SFT ran): (field, lower bound, whether the bound is allowed).
+# The grpo.* floats are GRPOConfig's, which checks them itself (grpo_config).
+FINITE_FIELDS = (
+    ("max_wall_seconds", 0.0, True),
+    ("task.eval_fraction", 0.0, False),
+    ("lora.alpha", 0.0, False),
+    ("sft.learning_rate", 0.0, False),
+    ("sft.weight_decay", 0.0, True),
+    ("sft.max_grad_norm", 0.0, False),
+    ("essa.sigma_init", 0.0, False),
+    ("essa.alpha", 0.0, False),
+    ("essa.learning_rate", 0.0, False),
+    ("checkpoint.preempt_seconds", 0.0, False),
+)
+
+
+def check_finite_fields(config) -> None:
+    """Every float field of FINITE_FIELDS finite and above its bound; `essa.temperature` finite,
+    and > 0 when ESSA samples (`essa.greedy = False`); `essa.strategy` a registered strategy.
+    Raises ConfigError naming the field."""
+    import math
+
+    from essa_jax.es import STRATEGIES
+
+    for field, low, inclusive in FINITE_FIELDS:
+        block, _, name = field.rpartition(".")
+        value = (config[block] if block else config)[name]
+        number = isinstance(value, int | float) and not isinstance(value, bool)
+        if not (number and math.isfinite(value) and (value >= low if inclusive else value > low)):
+            bound = ">=" if inclusive else ">"
+            raise ConfigError(field, value, f"finite numbers {bound} {low:g}")
+    t = config.essa.temperature
+    sampling = config.method == "essa" and not config.essa.greedy
+    ok = isinstance(t, int | float) and not isinstance(t, bool) and math.isfinite(t)
+    if not ok or (sampling and t <= 0):
+        raise ConfigError(
+            "essa.temperature",
+            t,
+            "finite numbers > 0" if sampling else "finite numbers",
+            "a temperature of 0 is greedy decoding: set --config.essa.greedy=True" if ok else "",
+        )
+    if config.method == "essa":
+        _check_choice("essa.strategy", config.essa.strategy, sorted(STRATEGIES))
 
 
 # Where the experiment config holds each essa_jax.rl.GRPOConfig field other than grpo.<same name>.

@@ -72,6 +72,15 @@ def define_flags(
             "Resume when --workdir holds a checkpoint (else refuse to overwrite it).",
             flag_values=flag_values,
         ),
+        "allow_config_change": flags.DEFINE_bool(
+            "allow_config_change",
+            False,
+            "Resume even when a field that changes the run's meaning (model, method, task, "
+            "reward, seeds, population, rank, strategy, ...) differs from --workdir's config.json; "
+            "the change is recorded in config_changes.jsonl (essa_jax.workdir.MAY_CHANGE lists "
+            "the fields that may change without it).",
+            flag_values=flag_values,
+        ),
     }
 
 
@@ -99,17 +108,48 @@ def run_from_flags(holders: dict[str, Any]) -> int:
         WorkdirError,
     )
     resume = True if holders["resume"].value else (None if holders["resume_auto"].value else False)
+    allow = holders.get("allow_config_change")
     try:
         validate_config(config)  # fail in a second, before any weights are read
         from essa_jax.train import train_and_evaluate
 
-        train_and_evaluate(config, os.path.expanduser(workdir), resume=resume)
+        train_and_evaluate(
+            config,
+            os.path.expanduser(workdir),
+            resume=resume,
+            allow_config_change=bool(allow is not None and allow.value),
+        )
     except user_errors as e:
         if holders.get("verbose_errors") is not None and holders["verbose_errors"].value:
             raise
         print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
         return 2
+    except BaseException as e:  # noqa: BLE001 - anything else is re-raised unless it is below
+        return _stopped_or_os_error(e, holders)
     return 0
+
+
+def _stopped_or_os_error(e: BaseException, holders: dict[str, Any]) -> int:
+    """The exit status and one stderr line of a run stopped by a signal (`Preempted`: 128 + the
+    signal, after its checkpoint; Ctrl-C before the run's handler is installed: 130) or ended by
+    an OSError a user fixes (no space, read-only, not writable: 2, naming the path and the cause,
+    even when orbax or a library wrapped it); re-raises anything else (a bug keeps its
+    traceback)."""
+    from essa_jax.preemption import Preempted
+    from essa_jax.workdir import find_os_error, os_error_line
+
+    if isinstance(e, Preempted):
+        print(f"stopped: {e}", file=sys.stderr)
+        return e.exit_status
+    if isinstance(e, KeyboardInterrupt):
+        print("stopped: SIGINT received before the run started; nothing written", file=sys.stderr)
+        return 130
+    os_error = find_os_error(e) if isinstance(e, Exception) else None
+    verbose = holders.get("verbose_errors") is not None and holders["verbose_errors"].value
+    if os_error is None or verbose:
+        raise e
+    print(f"error: {os_error_line(os_error)}", file=sys.stderr)
+    return 2
 
 
 _HOLDERS: dict[str, Any] = {}
