@@ -148,7 +148,10 @@ def _stopped_or_os_error(e: BaseException, holders: dict[str, Any]) -> int:
     verbose = holders.get("verbose_errors") is not None and holders["verbose_errors"].value
     if os_error is None or verbose:
         raise e
-    print(f"error: {os_error_line(os_error)}", file=sys.stderr)
+    print(f"error: {os_error_line(os_error, holders['workdir'].value)}", file=sys.stderr)
+    # Orbax's writer threads still hold the failed write: at interpreter exit they print dozens of
+    # tracebacks; `main` leaves without running them (nothing is left to write).
+    holders["_exit_now"] = True
     return 2
 
 
@@ -167,6 +170,10 @@ def main(argv: list[str]) -> int:
     if not flags.FLAGS["verbosity"].present:
         logging.set_verbosity(logging.WARNING)  # orbax logs every checkpoint step at INFO
     rc = run_from_flags(_HOLDERS)
+    if _HOLDERS.pop("_exit_now", False):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(rc)
     # A barrier: no process leaves while a peer still needs it. Not reached on an exception,
     # where waiting for the peers would only delay the failure.
     distributed.shutdown()

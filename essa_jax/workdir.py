@@ -31,7 +31,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from essa_jax.checkpointing import WorkdirError
+from essa_jax.checkpointing import WorkdirError, os_error_in
 
 LOCK_FILE = "run.lock"
 CONFIG_FILE = "config.json"
@@ -114,26 +114,22 @@ def remove_partial_checkpoints(directory: str) -> list[str]:
     return names
 
 
-def os_error_line(e: OSError) -> str | None:
+def os_error_line(e: OSError, workdir: str) -> str | None:
     """One line for an OSError a user can fix (no space, quota, file size limit, read-only or not
-    writable), naming the path and the cause; None for any other OSError (a bug: traceback)."""
+    writable), naming the path (`workdir` when the error names none: a failed write() does not)
+    and the cause; None for any other OSError (a bug: traceback)."""
     if e.errno not in _USER_ERRNOS:
         return None
-    path = e.filename or "the workdir"
+    path = e.filename or workdir
     cause = e.strerror or os.strerror(e.errno)
     return f"{path}: {cause} (errno {errno.errorcode[e.errno]}); {_USER_ERRNOS[e.errno]}"
 
 
 def find_os_error(e: BaseException) -> OSError | None:
-    """The first user-fixable OSError in `e`'s cause / context chain (orbax and the tokenizers
-    wrap the OSError of a failed write or read in their own exceptions)."""
-    seen = set()
-    while e is not None and id(e) not in seen:
-        seen.add(id(e))
-        if isinstance(e, OSError) and e.errno in _USER_ERRNOS:
-            return e
-        e = e.__cause__ or e.__context__
-    return None
+    """The user-fixable OSError behind `e` (orbax and the tokenizers wrap the OSError of a failed
+    write or read in their own exceptions: `checkpointing.os_error_in`), or None."""
+    found = os_error_in(e)
+    return found if found is not None and found.errno in _USER_ERRNOS else None
 
 
 def _process_alive(pid: int) -> bool:

@@ -50,11 +50,12 @@ class MetricsLogger:
 
     def restore(self, history: Iterable[dict[str, Any]], purge_step: int | None = None) -> None:
         """Start from `history` (from a checkpoint): rewrite the JSONL file with exactly it."""
+        from essa_jax.workdir import write_text_atomic
+
         self.history = [dict(r) for r in history]
         if self.write_files:
-            with open(self.path, "w") as f:
-                for row in self.history:
-                    f.write(json.dumps(row) + "\n")
+            # Whole or not at all: a full disk must not truncate the rows already written.
+            write_text_atomic(self.path, "".join(json.dumps(row) + "\n" for row in self.history))
         self._open_tb(purge_step)
 
     def start(self) -> None:
