@@ -100,12 +100,18 @@ def read_metrics(workdir: str) -> list[dict[str, Any]]:
 
 
 class Progress:
-    """tqdm bar over the ES / RL steps, showing the latest reward and held-out accuracy (+ ETA)."""
+    """tqdm bar over the ES / RL steps, showing the latest reward and held-out accuracy (+ ETA).
+
+    Only on a terminal: redirected to a file or a pipe, stderr holds only what went wrong (a
+    user's error or a stop is one line there) and the metrics are in metrics.jsonl."""
 
     def __init__(self, total: int, initial: int, desc: str, enabled: bool = True):
         from tqdm.auto import tqdm
 
-        self._bar = tqdm(total=total, initial=initial, desc=desc, disable=not enabled, unit="step")
+        # disable=None: tqdm's "off unless stderr is a TTY".
+        self._bar = tqdm(
+            total=total, initial=initial, desc=desc, disable=None if enabled else True, unit="step"
+        )
         self._post: dict[str, str] = {}
 
     def update(self, n: int = 1, **postfix: float) -> None:
