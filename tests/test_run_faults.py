@@ -117,9 +117,9 @@ def assert_same_state(a, b) -> None:
 
 
 def train_rows(meta) -> list[dict]:
-    """The logged training rows without the wall-clock (which no two runs share)."""
+    """The logged training rows without the timings (seconds, rates: no two runs share them)."""
     return [
-        {k: v for k, v in r.items() if k not in ("wall_s", "rollout_s", "update_s")}
+        {k: v for k, v in r.items() if not (k.endswith("_s") or k.endswith("_per_s"))}
         for r in meta["history"]
         if r["phase"] == "train"
     ]
