@@ -519,7 +519,9 @@ def validate_config(config, num_devices: int | None = None, *, model_config: Any
     _check_mesh(config.mesh, num_devices, shape)
     if config.method == "essa":
         e = config.essa
-        from essa_jax.es import get_strategy  # noqa: F401 - import error names the missing package
+        from essa_jax.es import STRATEGIES  # an import error names the missing package
+
+        _check_choice("essa.strategy", e.strategy, sorted(STRATEGIES))
 
         if not isinstance(e.population_size, int) or e.population_size < 2:
             raise ConfigError("essa.population_size", e.population_size, "integers >= 2")
@@ -619,11 +621,8 @@ FINITE_FIELDS = (
 
 def check_finite_fields(config) -> None:
     """Every float field of FINITE_FIELDS finite and above its bound; `essa.temperature` finite,
-    and > 0 when ESSA samples (`essa.greedy = False`); `essa.strategy` a registered strategy.
-    Raises ConfigError naming the field."""
+    and > 0 when ESSA samples (`essa.greedy = False`). Raises ConfigError naming the field."""
     import math
-
-    from essa_jax.es import STRATEGIES
 
     for field, low, inclusive in FINITE_FIELDS:
         block, _, name = field.rpartition(".")
@@ -642,8 +641,6 @@ def check_finite_fields(config) -> None:
             "finite numbers > 0" if sampling else "finite numbers",
             "a temperature of 0 is greedy decoding: set --config.essa.greedy=True" if ok else "",
         )
-    if config.method == "essa":
-        _check_choice("essa.strategy", config.essa.strategy, sorted(STRATEGIES))
 
 
 # Where the experiment config holds each essa_jax.rl.GRPOConfig field other than grpo.<same name>.

@@ -131,7 +131,8 @@ def read_rows(
         raise MalformedRowError(f"{path}: the file is empty; a task file holds one row per example")
     if suffix != ".parquet":
         _check_utf8(path)
-    rows = _read_file(path, BUILDERS[suffix], cache_dir)
+    header_only = suffix == ".csv" and len(path.read_text().strip().splitlines()) <= 1
+    rows = [] if header_only else _read_file(path, BUILDERS[suffix], cache_dir)
     if not rows:
         raise MalformedRowError(
             f"{path}: no rows (a header or an empty list only); a task file holds one row per "
@@ -324,13 +325,13 @@ def normalise_rows(
                 ex[f] = row[f]
         examples.append(ex)
     report.kept = len(examples)
-    if report.skipped:
-        log.warning(report.summary())
     if not examples:
         raise MalformedRowError(
             f"{source}: no usable row: {report.rows} rows, {report.num_skipped} skipped as "
             f"malformed ({fmt} format); a task needs at least one question with its answer"
         )
+    if report.skipped:
+        log.warning(report.summary())
     return examples, report
 
 
