@@ -36,11 +36,11 @@ memory_stats is None and the peak is null.
 from __future__ import annotations
 
 import argparse
-import tempfile
 import contextlib
 import json
 import platform
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any

@@ -201,9 +201,7 @@ def _read_holder(fd: int) -> str:
     try:
         h = json.loads(text)
         state = "running" if _process_alive(int(h["pid"])) else "no longer running"
-        return (
-            f"pid {h['pid']} on {h['host']}, {state}, started {h['started']}: {h['command']}"
-        )
+        return f"pid {h['pid']} on {h['host']}, {state}, started {h['started']}: {h['command']}"
     except (ValueError, KeyError, TypeError):
         return text[:200]
 

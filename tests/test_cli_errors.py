@@ -97,7 +97,10 @@ def assert_one_line(proc: subprocess.CompletedProcess, *expected: str, besides: 
         ("--config.essa.sigma_init=-1", ("essa.sigma_init", "-1")),
         ("--config.task.on_malformed=ignore", ("task.on_malformed", "'error'", "'skip'")),
         # Non-finite floats and unknown choices: found before any weight is read (issue #31).
-        ("--config.sft.learning_rate=inf", ("config.sft.learning_rate = inf", "finite numbers > 0")),
+        (
+            "--config.sft.learning_rate=inf",
+            ("config.sft.learning_rate = inf", "finite numbers > 0"),
+        ),
         ("--config.essa.sigma_init=inf", ("config.essa.sigma_init = inf", "finite numbers > 0")),
         ("--config.lora.alpha=inf", ("config.lora.alpha = inf", "finite numbers > 0")),
         ("--config.essa.temperature=nan", ("config.essa.temperature = nan", "finite numbers")),
@@ -130,8 +133,11 @@ def test_sampling_temperature_must_be_positive(temperature, tmp_path):
     [
         ("train.jsonl", b"", ("the file is empty",)),
         ("train.csv", b"question,answer\n", ("no rows (a header or an empty list only)",)),
-        ("train.jsonl", b'{"question": "caf\xe9?", "answer": "1"}\n', ("line 1 (byte 17)",
-                                                                        "is not UTF-8")),
+        (
+            "train.jsonl",
+            b'{"question": "caf\xe9?", "answer": "1"}\n',
+            ("line 1 (byte 17)", "is not UTF-8"),
+        ),
         ("train.txt", b"What is 1 + 1?\n", ("unsupported task file type '.txt'", "'.jsonl'")),
     ],
 )
@@ -147,7 +153,9 @@ def test_no_row_left_after_skipping_malformed_ones(tmp_path):
     path = tmp_path / "train.jsonl"
     path.write_text('{"question": "What is 1 + 1?"}\n{"question": "What is 2 + 2?"}\n')
     args = [f"--config={DEFAULT}", *TINY, "--config.task.name=sums", f"--config.task.path={path}"]
-    proc = run_main(*args, "--config.task.on_malformed=skip", f"--workdir={tmp_path}/r", cwd=tmp_path)
+    proc = run_main(
+        *args, "--config.task.on_malformed=skip", f"--workdir={tmp_path}/r", cwd=tmp_path
+    )
     assert_one_line(proc, f"{path}: no usable row: 2 rows, 2 skipped as malformed")
 
 

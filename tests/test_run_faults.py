@@ -27,7 +27,7 @@ from essa_jax.checkpointing import complete_steps
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "tests" / "distributed" / "tiny_essa_config.py"
 # Enough steps that a signal sent after step 2 lands well before the end (a tiny GRPO step takes
-# ~10 ms once compiled, an ESSA generation ~0.1 s); checkpoints only at 0, on a signal and at the end.
+# ~10 ms once compiled, an ESSA generation ~0.1 s); checkpoints at 0, on a signal and at the end.
 ESSA = ["--config.essa.generations=40", "--config.checkpoint.every=0"]
 GRPO = [
     "--config.method=grpo",

@@ -13,7 +13,6 @@ import numpy as np
 from essa_jax.models.hub import resolve_name
 from essa_jax.models.loading import CheckpointError
 
-
 # Files of which an HF directory holds at least one when it has a tokenizer (fast, sentencepiece,
 # BPE vocab).
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json")

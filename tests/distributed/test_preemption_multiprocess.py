@@ -102,7 +102,7 @@ def test_sigterm_to_one_process_stops_both_at_one_step(tmp_path):
     # The same command resumes from the agreed step on both processes and finishes.
     procs = _start(work, tmp_path, free_port())
     outs = _communicate(procs)
-    for i, (p, (out, err)) in enumerate(zip(procs, outs, strict=True)):
+    for i, (p, (_, err)) in enumerate(zip(procs, outs, strict=True)):
         assert p.returncode == 0, (i, err[-3000:])
     assert f"resuming from {work}/checkpoints/{k}" in outs[0][0]
     assert _train_steps(work) == list(range(1, GENERATIONS + 1))
