@@ -245,7 +245,7 @@ FLAKY_REWARD_CONFIG = """
 import os
 
 from essa_jax.config import load_config_file
-from essa_jax.rewards import REWARDS, register_reward
+from essa_jax.rewards import REWARDS
 
 
 def flaky(prompts, completions, **_):
@@ -254,11 +254,8 @@ def flaky(prompts, completions, **_):
     return [1.0] * len(completions)
 
 
-if "flaky" not in REWARDS:
-    register_reward("flaky", flaky)
-
-
 def get_config():
+    REWARDS.setdefault("flaky", flaky)  # one name, in both runs: only the code was fixed
     c = load_config_file({config!r})
     c.task.reward = "flaky"
     return c

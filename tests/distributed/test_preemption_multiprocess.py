@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
+from procs import worker_env
 
 from essa_jax.checkpointing import complete_steps
 
@@ -29,13 +30,7 @@ GENERATIONS = 60
 
 
 def _start(workdir, tmp_path, port):
-    base = {
-        k: v
-        for k, v in os.environ.items()
-        if k not in ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID")
-    }
-    base["JAX_COMPILATION_CACHE_DIR"] = str(tmp_path / "jax_cache")
-    base["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+    base = worker_env(tmp_path)
     cmd = [
         sys.executable, "-m", "essa_jax.main", f"--config={CONFIG}", f"--workdir={workdir}",
         f"--config.essa.generations={GENERATIONS}", "--config.checkpoint.every=0",
