@@ -230,12 +230,16 @@ class Checkpointer:
             abstract = jax.tree.map(
                 lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding), abstract
             )
-        out = self._mgr.restore(
-            step,
-            args=ocp.args.Composite(
-                state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()
-            ),
-        )
+        # A broken step fails in orbax's reader threads, each printing its traceback; the caller
+        # reports the failure (a CheckpointFallbackWarning, or one line when no step restores).
+        with _stderr_kept_back() as release:
+            out = self._mgr.restore(
+                step,
+                args=ocp.args.Composite(
+                    state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()
+                ),
+            )
+            release()
         state = out["state"]
         if multi:
             state = jax.tree.map(lambda a: a.addressable_data(0), state)

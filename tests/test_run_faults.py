@@ -337,3 +337,20 @@ def test_read_only_workdir(env, small_disk):
     proc = run(env, work, *SFT_ONLY)
     one_line(proc.returncode, proc.stderr, 2, str(work), "Read-only file system", "EROFS")
     assert _snapshot(work) == before
+
+
+def test_every_checkpoint_unreadable_is_one_line(env, tmp_path):
+    work = tmp_path / "run"
+    proc = run(env, work, *SFT_ONLY)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    data = sorted((work / "checkpoints" / "0" / "state").rglob("d/*"))
+    assert data
+    for f in data:  # a copy that stopped half-way
+        f.write_bytes(f.read_bytes()[:10])
+    before = _snapshot(work)
+    proc = run(env, work, *SFT_ONLY)
+    one_line(
+        proc.returncode, proc.stderr, 2, f"no checkpoint in {work}/checkpoints can be restored",
+        "checkpoint step 0: ", "move the directory away",
+    )  # fmt: skip
+    assert _snapshot(work) == before  # nothing renamed, rewritten or removed

@@ -28,6 +28,7 @@ import dataclasses
 import json
 import os
 import time
+import warnings
 from typing import Any
 
 import jax
@@ -37,6 +38,7 @@ import numpy as np
 from essa_jax import lora as lora_lib
 from essa_jax.checkpointing import (
     Checkpointer,
+    CheckpointFallbackWarning,
     WorkdirError,
     restore_checkpointer_with_fallback,
 )
@@ -406,12 +408,24 @@ def _train_and_evaluate(config, workdir, resume, verbose, allow_config_change, g
         template = _template(run, loop, k_loop)
         # A newest step that cannot be read (truncated, half-copied) is quarantined with a
         # CheckpointFallbackWarning and the previous one resumed instead.
-        restored = restore_checkpointer_with_fallback(ckpt, ckpt.directory, template)
+        # When none can be read, the one error line says why for each step (no warnings first).
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            restored = restore_checkpointer_with_fallback(ckpt, ckpt.directory, template)
         if restored is None:
+            why = "; ".join(
+                str(w.message).split(" in ", 1)[0]
+                + ": "
+                + str(w.message).split("restored (", 1)[-1]
+                for w in caught
+                if issubclass(w.category, CheckpointFallbackWarning)
+            ).replace("; falling back to the previous complete checkpoint", "")
             raise WorkdirError(
-                f"no checkpoint in {ckpt.directory} can be restored (latest step {latest}); "
-                "move the directory away to start afresh"
+                f"no checkpoint in {ckpt.directory} can be restored ({why}); move the directory "
+                "away to start afresh"
             )
+        for w in caught:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
         latest, state, meta = restored
         guard.last_checkpoint = latest
         ckpt.reload()
