@@ -5,7 +5,15 @@
 Override any field with `--config.<field>=<value>` (e.g. `--config.essa.population_size=24`); an
 unknown field is an error (the config is locked). The config is validated before the model is
 loaded; a run resumes automatically from the latest complete checkpoint in `--workdir`
-(`--resume` insists on one, `--noresume_auto` refuses to reuse a workdir that has one).
+(`--resume` insists on one, `--noresume_auto` refuses to reuse a workdir that has one), and
+refuses a config that changes the run's meaning (`--allow_config_change` overrides;
+essa_jax.workdir). One run per workdir (`<workdir>/run.lock`).
+
+Exit status: 0 done; 2 a user's error (one line on stderr: a field, a model or data file, a
+reward, the workdir, a full or read-only disk); 128 + the signal after SIGTERM (143) or SIGINT
+(130): the run stopped at a step boundary with a checkpoint, or, past
+`checkpoint.preempt_seconds` or on a second signal, without one (essa_jax.preemption); 1 a bug
+(traceback).
 
 Several processes (hosts): start the same command on each with `--coordinator_address=host:port
 --num_processes=N --process_id=i` (or the JAX_* environment variables; locally

@@ -334,8 +334,6 @@ def train_and_evaluate(
 def _lock_workdir(workdir: str, verbose: bool) -> WorkdirLock | None:
     """Process 0 takes the workdir's lock (the other processes are the same run); every process
     raises WorkdirError when it is held by another run."""
-    from essa_jax.checkpointing import WorkdirError
-
     lock, error = (WorkdirLock(workdir), None) if _is_main() else (None, None)
     if lock is not None:
         try:
