@@ -141,18 +141,35 @@ def os_error_in(e: BaseException) -> OSError | None:
 @contextlib.contextmanager
 def _stderr_kept_back():
     """Send what is written to file descriptor 2 (by any thread) to a temporary file; yields
-    `release()`, which writes it back to stderr. Not released, it is dropped: the caller reports
-    the failure in one line instead of the tracebacks orbax's threads print."""
+    `release()`, which writes it back to stderr (and `release.settle()`, which waits until the
+    threads stopped writing). Not released, it is dropped: the caller reports the failure in one
+    line instead of the tracebacks orbax's threads print."""
     sys.stderr.flush()
     saved = os.dup(2)
     try:
         buf = tempfile.TemporaryFile()
     except OSError:  # no room even for that: keep stderr as it is
         os.close(saved)
-        yield lambda: None
+
+        def nothing(*_: Any) -> None:
+            return None
+
+        nothing.settle = nothing
+        yield nothing
         return
     os.dup2(buf.fileno(), 2)
     released = False
+
+    def settle(quiet_s: float = 0.3, limit_s: float = 5.0) -> None:
+        """Wait until nothing was written for `quiet_s` (at most `limit_s`)."""
+        deadline, size, since = time.monotonic() + limit_s, -1, time.monotonic()
+        while time.monotonic() < deadline:
+            now = os.fstat(buf.fileno()).st_size
+            if now != size:
+                size, since = now, time.monotonic()
+            elif time.monotonic() - since >= quiet_s:
+                return
+            time.sleep(0.05)
 
     def release() -> None:
         nonlocal released
@@ -166,6 +183,7 @@ def _stderr_kept_back():
         if text:
             os.write(2, text)
 
+    release.settle = settle
     try:
         yield release
     finally:
@@ -215,6 +233,7 @@ class Checkpointer:
                 if cause is None:
                     release()
                     raise
+                release.settle()  # the other writer threads fail the same way, printing
                 raise cause from e
             release()
 
@@ -233,12 +252,18 @@ class Checkpointer:
         # A broken step fails in orbax's reader threads, each printing its traceback; the caller
         # reports the failure (a CheckpointFallbackWarning, or one line when no step restores).
         with _stderr_kept_back() as release:
-            out = self._mgr.restore(
-                step,
-                args=ocp.args.Composite(
-                    state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()
-                ),
-            )
+            try:
+                out = self._mgr.restore(
+                    step,
+                    args=ocp.args.Composite(
+                        state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()
+                    ),
+                )
+            except Exception:
+                # The reads still in flight finish into orbax's event loop, which the failure
+                # closed, each printing "Event loop is closed": held back until they are done.
+                release.settle()
+                raise
             release()
         state = out["state"]
         if multi:

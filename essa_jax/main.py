@@ -158,7 +158,7 @@ def _stopped_or_os_error(e: BaseException, holders: dict[str, Any]) -> int:
         raise e
     print(f"error: {os_error_line(os_error, holders['workdir'].value)}", file=sys.stderr)
     # Orbax's writer threads still hold the failed write: at interpreter exit they print dozens of
-    # tracebacks; `main` leaves without running them (nothing is left to write).
+    # tracebacks; `main` leaves without running them (nothing is left to write), on every process.
     holders["_exit_now"] = True
     return 2
 
@@ -178,7 +178,12 @@ def main(argv: list[str]) -> int:
     if not flags.FLAGS["verbosity"].present:
         logging.set_verbosity(logging.WARNING)  # orbax logs every checkpoint step at INFO
     rc = run_from_flags(_HOLDERS)
-    if _HOLDERS.pop("_exit_now", False):
+    # After a user's error orbax's reader / writer threads may still print tracebacks at
+    # interpreter exit (a failed restore or write): its one line is all there is to say. With
+    # several processes the barrier below still runs, except after an OS error.
+    import jax
+
+    if _HOLDERS.pop("_exit_now", False) or (rc == 2 and jax.process_count() == 1):
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(rc)
