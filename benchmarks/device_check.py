@@ -24,7 +24,9 @@ travels), bf16 on an accelerator (float32 with --smoke). It measures, each with 
   temporaries - aliased; `essa_jax.plan` reads the same `memory_analysis`) plus the arrays the
   process holds besides the program's arguments.
 
-Writes experiments/results/gpu.json (or --out), again after every section, so a run stopped
+Writes experiments/results/gpu.json (or --out; a --smoke run without --out writes
+essa_jax_device_check_smoke.json in the temporary directory, never over a recorded GPU result),
+again after every section, so a run stopped
 part-way still leaves what it measured. A section that would run past `--budget_s` is skipped and
 named in `skipped`; a section that raises (a first run on a new chip or JAX version) is recorded
 in `errors` as one line and the others still run (the exit status is then 1). On CPU,
@@ -38,12 +40,14 @@ import contextlib
 import json
 import platform
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = ROOT / "experiments" / "results" / "gpu.json"
+SMOKE_OUT_NAME = "essa_jax_device_check_smoke.json"
 
 # Dense (no sparsity) bf16 peaks from the vendors' datasheets, by a substring of device_kind.
 PEAK_BF16 = {
@@ -102,11 +106,24 @@ def _tokens(rng, shape: tuple[int, ...], vocab: int):
     return jnp.asarray(tokens), jnp.ones(shape, jnp.int32)
 
 
+def output_path(out: str | None, smoke: bool) -> Path:
+    """Where the JSON goes: `out`, else DEFAULT_OUT for a real check and a file in the temporary
+    directory for a smoke run (README: experiments/results/gpu.json holds a GPU measurement)."""
+    if out:
+        return Path(out)
+    return Path(tempfile.gettempdir()) / SMOKE_OUT_NAME if smoke else DEFAULT_OUT
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--smoke", action="store_true", help="tiny shapes on any backend (CI)")
     ap.add_argument("--model", default=None, help="a shape of essa_jax.models.shapes")
-    ap.add_argument("--out", default=None, help=f"JSON path (default {DEFAULT_OUT})")
+    ap.add_argument(
+        "--out",
+        default=None,
+        help=f"JSON path (default {DEFAULT_OUT}; with --smoke, {SMOKE_OUT_NAME} in the temporary "
+        "directory: a smoke run's CPU figures never replace a recorded GPU result)",
+    )
     ap.add_argument("--repeats", type=int, default=None)
     ap.add_argument("--budget_s", type=float, default=420.0, help="skip sections past this")
     args = ap.parse_args(argv)
@@ -129,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     dev = jax.devices()[0]
     accel = dev.platform != "cpu"
     dtype = jnp.bfloat16 if accel else jnp.float32
-    out_path = Path(args.out) if args.out else DEFAULT_OUT
+    out_path = output_path(args.out, args.smoke)
     result: dict[str, Any] = {
         "smoke": args.smoke,
         "device": {"platform": dev.platform, "kind": dev.device_kind, "count": jax.device_count()},

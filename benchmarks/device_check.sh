@@ -4,7 +4,8 @@
 #
 #   benchmarks/device_check.sh                      # Qwen2.5-1.5B shape, writes experiments/results/gpu.json
 #   benchmarks/device_check.sh --model Qwen2.5-7B   # any shape of essa_jax/models/shapes.py
-#   benchmarks/device_check.sh --smoke --out /tmp/gpu.json   # tiny shapes, CPU is fine (CI)
+#   benchmarks/device_check.sh --smoke               # tiny shapes, CPU is fine (CI); writes
+#                                                   # $TMPDIR/essa_jax_device_check_smoke.json
 #
 # Besides jax, jaxlib (CUDA) and numpy, the imported code needs these packages (what
 # `import essa_jax.models, essa_jax.lora, essa_jax.population` loads); a machine that lacks them

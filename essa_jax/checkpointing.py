@@ -23,8 +23,11 @@ rename in `quarantine_step` is done by process 0 only, followed by a barrier.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import sys
+import tempfile
 import time
 import warnings
 from collections.abc import Callable, Iterable
@@ -112,6 +115,84 @@ def quarantine_step(directory: str, step: int) -> str | None:
     return new
 
 
+# tensorstore's text of a failed file operation: `... local file "<path>" ... [os_error_code='28']`.
+_TS_OS_ERROR = re.compile(r"os_error_code='(\d+)'")
+_TS_PATH = re.compile(r'local file "([^"]+)"')
+
+
+def os_error_in(e: BaseException) -> OSError | None:
+    """The OSError behind an orbax / tensorstore failure: an OSError in `e`'s cause chain, or one
+    rebuilt from tensorstore's message (errno and file); None when there is none."""
+    seen: set[int] = set()
+    cur: BaseException | None = e
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        if isinstance(cur, OSError) and cur.errno:
+            return cur
+        code = _TS_OS_ERROR.search(str(cur))
+        if code:
+            paths = _TS_PATH.findall(str(cur))
+            n = int(code.group(1))
+            return OSError(n, os.strerror(n), paths[-1] if paths else None)
+        cur = cur.__cause__ or cur.__context__
+    return None
+
+
+@contextlib.contextmanager
+def _stderr_kept_back():
+    """Send what is written to file descriptor 2 (by any thread) to a temporary file; yields
+    `release()`, which writes it back to stderr (and `release.settle()`, which waits until the
+    threads stopped writing). Not released, it is dropped: the caller reports the failure in one
+    line instead of the tracebacks orbax's threads print."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        buf = tempfile.TemporaryFile()
+    except OSError:  # no room even for that: keep stderr as it is
+        os.close(saved)
+
+        def nothing(*_: Any) -> None:
+            return None
+
+        nothing.settle = nothing
+        yield nothing
+        return
+    os.dup2(buf.fileno(), 2)
+    released = False
+
+    def settle(quiet_s: float = 0.3, limit_s: float = 5.0) -> None:
+        """Wait until nothing was written for `quiet_s` (at most `limit_s`)."""
+        deadline, size, since = time.monotonic() + limit_s, -1, time.monotonic()
+        while time.monotonic() < deadline:
+            now = os.fstat(buf.fileno()).st_size
+            if now != size:
+                size, since = now, time.monotonic()
+            elif time.monotonic() - since >= quiet_s:
+                return
+            time.sleep(0.05)
+
+    def release() -> None:
+        nonlocal released
+        if released:
+            return
+        released = True
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        buf.seek(0)
+        text = buf.read()
+        if text:
+            os.write(2, text)
+
+    release.settle = settle
+    try:
+        yield release
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
+        buf.close()
+
+
 class Checkpointer:
     """Save / restore `(state pytree, meta dict)` pairs under `<workdir>/checkpoints/<step>`."""
 
@@ -129,17 +210,32 @@ class Checkpointer:
         return self._mgr.latest_step()
 
     def save(self, step: int, state: Any, meta: dict[str, Any]) -> None:
-        """Write checkpoint `step` (blocks until it is finalised on disk)."""
+        """Write checkpoint `step` (blocks until it is finalised on disk).
+
+        A write that fails for a reason a user fixes (no space, read-only, ...) raises the
+        OSError of that cause, naming the file (orbax reports it inside a ValueError, from
+        several threads at once: what they print meanwhile is kept back); the partial step stays
+        a temporary directory, never a step."""
         if jax.process_count() > 1:
             state = place(state, make_mesh())  # replicated over every process's devices
-        self._mgr.save(
-            step,
-            args=ocp.args.Composite(
-                state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)
-            ),
-            force=True,
-        )
-        self._mgr.wait_until_finished()
+        with _stderr_kept_back() as release:
+            try:
+                self._mgr.save(
+                    step,
+                    args=ocp.args.Composite(
+                        state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)
+                    ),
+                    force=True,
+                )
+                self._mgr.wait_until_finished()
+            except Exception as e:
+                cause = os_error_in(e)
+                if cause is None:
+                    release()
+                    raise
+                release.settle()  # the other writer threads fail the same way, printing
+                raise cause from e
+            release()
 
     def restore(self, step: int, template: Any) -> tuple[Any, dict[str, Any]]:
         """State (with the structure, shapes and dtypes of `template`) and meta of `step`.
@@ -153,12 +249,22 @@ class Checkpointer:
             abstract = jax.tree.map(
                 lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding), abstract
             )
-        out = self._mgr.restore(
-            step,
-            args=ocp.args.Composite(
-                state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()
-            ),
-        )
+        # A broken step fails in orbax's reader threads, each printing its traceback; the caller
+        # reports the failure (a CheckpointFallbackWarning, or one line when no step restores).
+        with _stderr_kept_back() as release:
+            try:
+                out = self._mgr.restore(
+                    step,
+                    args=ocp.args.Composite(
+                        state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()
+                    ),
+                )
+            except Exception:
+                # The reads still in flight finish into orbax's event loop, which the failure
+                # closed, each printing "Event loop is closed": held back until they are done.
+                release.settle()
+                raise
+            release()
         state = out["state"]
         if multi:
             state = jax.tree.map(lambda a: a.addressable_data(0), state)

@@ -260,6 +260,12 @@ def base_config() -> ml_collections.ConfigDict:
     c.checkpoint = ml_collections.ConfigDict()
     c.checkpoint.every = 10  # steps between checkpoints (and at the end); 0 = end only
     c.checkpoint.keep = 2
+    # SIGTERM / SIGINT (a preempted VM, Slurm, Kubernetes, Ctrl-C): the run finishes the step in
+    # progress, checkpoints it and exits with 128 + the signal (143 / 130). If that takes longer
+    # than this many seconds (or a second signal comes), it exits at once without a checkpoint and
+    # resumes from the previous one (essa_jax.preemption). Keep it below the scheduler's grace
+    # period (Kubernetes: 30 s by default; Slurm: KillWait).
+    c.checkpoint.preempt_seconds = 25.0
     c.log_every = 1
     return c
 
@@ -517,12 +523,47 @@ def check_fields(config, num_devices: int | None = None, *, model_config: Any = 
     check_positive("eval.samples_to_log", ev.samples_to_log, allow_zero=True)
     check_positive("checkpoint.every", config.checkpoint.every, allow_zero=True)
     check_positive("checkpoint.keep", config.checkpoint.keep)
+    check_finite_fields(config)
 
 
 def data_axis(config, num_devices: int) -> int:
     """Devices along the data axis of SFT's and GRPO's mesh (`train.pipeline.
     data_parallel_mesh`): num_devices / mesh.model, 1 on one device."""
     return num_devices // config.mesh.model if num_devices > 1 else 1
+
+
+# Float fields that must be finite numbers (nan / inf would train or sample garbage, found only
+# after the model is loaded and SFT ran): (field, lower bound, whether the bound is allowed).
+# The grpo.* floats are GRPOConfig's, which checks them itself (grpo_config).
+FINITE_FIELDS = (
+    ("max_wall_seconds", 0.0, True),
+    ("task.eval_fraction", 0.0, False),
+    ("lora.alpha", 0.0, False),
+    ("sft.learning_rate", 0.0, False),
+    ("sft.weight_decay", 0.0, True),
+    ("sft.max_grad_norm", 0.0, False),
+    ("essa.sigma_init", 0.0, False),
+    ("essa.alpha", 0.0, False),
+    ("essa.learning_rate", 0.0, False),
+    ("checkpoint.preempt_seconds", 0.0, False),
+)
+
+
+def check_finite_fields(config) -> None:
+    """Every float field of FINITE_FIELDS finite and above its bound; `essa.temperature` finite
+    (> 0 when ESSA samples: the ESSA method's check). Raises ConfigError naming the field."""
+    import math
+
+    for field, low, inclusive in FINITE_FIELDS:
+        block, _, name = field.rpartition(".")
+        value = (config[block] if block else config)[name]
+        number = isinstance(value, int | float) and not isinstance(value, bool)
+        if not (number and math.isfinite(value) and (value >= low if inclusive else value > low)):
+            bound = ">=" if inclusive else ">"
+            raise ConfigError(field, value, f"finite numbers {bound} {low:g}")
+    t = config.essa.temperature
+    if isinstance(t, bool) or not isinstance(t, int | float) or not math.isfinite(t):
+        raise ConfigError("essa.temperature", t, "finite numbers")
 
 
 # Where the experiment config holds each essa_jax.rl.GRPOConfig field other than grpo.<same name>.

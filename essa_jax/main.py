@@ -12,7 +12,15 @@ and exits 0 when the config would run, 2 with the one-line error otherwise.
 Override any field with `--config.<field>=<value>` (e.g. `--config.essa.population_size=24`); an
 unknown field is an error (the config is locked). The config is validated before the model is
 loaded; a run resumes automatically from the latest complete checkpoint in `--workdir`
-(`--resume` insists on one, `--noresume_auto` refuses to reuse a workdir that has one).
+(`--resume` insists on one, `--noresume_auto` refuses to reuse a workdir that has one), and
+refuses a config that changes the run's meaning (`--allow_config_change` overrides;
+essa_jax.workdir). One run per workdir (`<workdir>/run.lock`).
+
+Exit status: 0 done; 2 a user's error (one line on stderr: a field, a model or data file, a
+reward, the workdir, a full or read-only disk); 128 + the signal after SIGTERM (143) or SIGINT
+(130): the run stopped at a step boundary with a checkpoint, or, past
+`checkpoint.preempt_seconds` or on a second signal, without one (essa_jax.preemption); 1 a bug
+(traceback).
 
 Several processes (hosts): start the same command on each with `--coordinator_address=host:port
 --num_processes=N --process_id=i` (or the JAX_* environment variables; locally
@@ -94,6 +102,15 @@ def define_flags(
             "0 if it would run, 2 with the error. No --workdir needed. --only_check_args = this.",
             flag_values=flag_values,
         ),
+        "allow_config_change": flags.DEFINE_bool(
+            "allow_config_change",
+            False,
+            "Resume even when a field that changes the run's meaning (model, method, task, "
+            "reward, seeds, population, rank, strategy, ...) differs from --workdir's config.json; "
+            "the change is recorded in config_changes.jsonl (essa_jax.workdir.MAY_CHANGE lists "
+            "the fields that may change without it).",
+            flag_values=flag_values,
+        ),
     }
 
 
@@ -135,13 +152,45 @@ def run_from_flags(holders: dict[str, Any]) -> int:
             return 0
         from essa_jax.train import train_and_evaluate
 
-        train_and_evaluate(config, os.path.expanduser(workdir), resume=resume)
+        train_and_evaluate(
+            config,
+            os.path.expanduser(workdir),
+            resume=resume,
+            allow_config_change=_flag(holders, "allow_config_change"),
+        )
     except user_errors as e:
         if _flag(holders, "verbose_errors"):
             raise
         print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
         return 2
+    except BaseException as e:  # noqa: BLE001 - anything else is re-raised unless it is below
+        return _stopped_or_os_error(e, holders)
     return 0
+
+
+def _stopped_or_os_error(e: BaseException, holders: dict[str, Any]) -> int:
+    """The exit status and one stderr line of a run stopped by a signal (`Preempted`: 128 + the
+    signal, after its checkpoint; Ctrl-C before the run's handler is installed: 130) or ended by
+    an OSError a user fixes (no space, read-only, not writable: 2, naming the path and the cause,
+    even when orbax or a library wrapped it); re-raises anything else (a bug keeps its
+    traceback)."""
+    from essa_jax.preemption import Preempted
+    from essa_jax.workdir import find_os_error, os_error_line
+
+    if isinstance(e, Preempted):
+        print(f"stopped: {e}", file=sys.stderr)
+        return e.exit_status
+    if isinstance(e, KeyboardInterrupt):
+        print("stopped: SIGINT received before the run started; nothing written", file=sys.stderr)
+        return 130
+    os_error = find_os_error(e) if isinstance(e, Exception) else None
+    if os_error is None or _flag(holders, "verbose_errors"):
+        raise e
+    print(f"error: {os_error_line(os_error, holders['workdir'].value)}", file=sys.stderr)
+    # Orbax's writer threads still hold the failed write: at interpreter exit they print dozens of
+    # tracebacks; `main` leaves without running them (nothing is left to write), on every process.
+    holders["_exit_now"] = True
+    return 2
 
 
 _HOLDERS: dict[str, Any] = {}
@@ -169,6 +218,15 @@ def main(argv: list[str]) -> int:
     if not flags.FLAGS["verbosity"].present:
         logging.set_verbosity(logging.WARNING)  # orbax logs every checkpoint step at INFO
     rc = run_from_flags(_HOLDERS)
+    # After a user's error orbax's reader / writer threads may still print tracebacks at
+    # interpreter exit (a failed restore or write): its one line is all there is to say. With
+    # several processes the barrier below still runs, except after an OS error.
+    import jax
+
+    if _HOLDERS.pop("_exit_now", False) or (rc == 2 and jax.process_count() == 1):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(rc)
     # A barrier: no process leaves while a peer still needs it. Not reached on an exception,
     # where waiting for the peers would only delay the failure.
     distributed.shutdown()

@@ -96,11 +96,85 @@ def assert_one_line(proc: subprocess.CompletedProcess, *expected: str, besides: 
         ("--config.essa.population_size=abc", ("essa.population_size", "invalid literal for int")),
         ("--config.essa.sigma_init=-1", ("essa.sigma_init", "-1")),
         ("--config.task.on_malformed=ignore", ("task.on_malformed", "'error'", "'skip'")),
+        # Non-finite floats and unknown choices: found before any weight is read (issue #31).
+        (
+            "--config.sft.learning_rate=inf",
+            ("config.sft.learning_rate = inf", "finite numbers > 0"),
+        ),
+        ("--config.essa.sigma_init=inf", ("config.essa.sigma_init = inf", "finite numbers > 0")),
+        ("--config.lora.alpha=inf", ("config.lora.alpha = inf", "finite numbers > 0")),
+        ("--config.essa.temperature=nan", ("config.essa.temperature = nan", "finite numbers")),
+        ("--config.essa.strategy=cmaes", ("config.essa.strategy = 'cmaes'", "'cma_es'")),
     ],
 )
 def test_bad_config_field(override, expected, tmp_path):
     proc = run_main(f"--config={DEFAULT}", f"--workdir={tmp_path}/run", override, cwd=tmp_path)
     assert_one_line(proc, *expected)
+    assert not os.path.exists(tmp_path / "run")  # refused before the workdir is touched
+
+
+@pytest.mark.parametrize("temperature", ["0", "-1"])
+def test_sampling_temperature_must_be_positive(temperature, tmp_path):
+    proc = run_main(
+        f"--config={DEFAULT}",
+        f"--workdir={tmp_path}/run",
+        "--config.essa.greedy=False",
+        f"--config.essa.temperature={temperature}",
+        cwd=tmp_path,
+    )
+    assert_one_line(
+        proc, f"config.essa.temperature = {float(temperature)}", "finite numbers > 0",
+        "--config.essa.greedy=True",
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "name, content, expected",
+    [
+        ("train.jsonl", b"", ("the file is empty",)),
+        ("train.csv", b"question,answer\n", ("no rows (a header or an empty list only)",)),
+        (
+            "train.jsonl",
+            b'{"question": "caf\xe9?", "answer": "1"}\n',
+            ("line 1 (byte 17)", "is not UTF-8"),
+        ),
+        ("train.txt", b"What is 1 + 1?\n", ("unsupported task file type '.txt'", "'.jsonl'")),
+    ],
+)
+def test_unreadable_data_file(name, content, expected, tmp_path):
+    path = tmp_path / name
+    path.write_bytes(content)
+    args = [f"--config={DEFAULT}", *TINY, "--config.task.name=sums", f"--config.task.path={path}"]
+    proc = run_main(*args, f"--workdir={tmp_path}/run", cwd=tmp_path)
+    assert_one_line(proc, str(path), *expected)
+
+
+def test_no_row_left_after_skipping_malformed_ones(tmp_path):
+    path = tmp_path / "train.jsonl"
+    path.write_text('{"question": "What is 1 + 1?"}\n{"question": "What is 2 + 2?"}\n')
+    args = [f"--config={DEFAULT}", *TINY, "--config.task.name=sums", f"--config.task.path={path}"]
+    proc = run_main(
+        *args, "--config.task.on_malformed=skip", f"--workdir={tmp_path}/r", cwd=tmp_path
+    )
+    assert_one_line(proc, f"{path}: no usable row: 2 rows, 2 skipped as malformed")
+
+
+def test_checkpoint_directory_without_tokenizer_files(tmp_path):
+    """An HF directory whose tokenizer files were not copied: named before the weights are read."""
+    model = tmp_path / "model"
+    model.mkdir()
+    hf = {
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 64,
+        "hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 1,
+        "num_attention_heads": 2, "num_key_value_heads": 2, "rms_norm_eps": 1e-5,
+        "max_position_embeddings": 128, "bos_token_id": 1, "eos_token_id": 2,
+    }  # fmt: skip
+    (model / "config.json").write_text(json.dumps(hf))
+    proc = run_main(
+        f"--config={DEFAULT}", f"--workdir={tmp_path}/run", f"--config.model.path={model}",
+        *TINY[2:], cwd=tmp_path,
+    )  # fmt: skip
+    assert_one_line(proc, f"{model}: no tokenizer files", "--config.model.tokenizer")
 
 
 def test_missing_config_file(tmp_path):

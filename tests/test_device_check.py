@@ -88,3 +88,21 @@ def test_device_check_sh_unpacks_wheels_with_namespace_packages(tmp_path):
     )  # fmt: skip
     assert res.returncode == 0, res.stderr
     assert res.stdout.strip() == "42"
+
+
+def test_smoke_without_out_writes_a_temporary_file_not_the_recorded_result(tmp_path):
+    """`--smoke` without `--out` must never replace experiments/results/gpu.json (the README's GPU
+    measurement) with a tiny model's CPU figures (issue #31): it writes to the temporary folder.
+    `--budget_s 0` skips every section, so only the write path runs."""
+    recorded = ROOT / "experiments" / "results" / "gpu.json"
+    before = recorded.read_bytes() if recorded.exists() else None
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "TMPDIR": str(tmp_path), "PYTHONPATH": str(ROOT)}
+    res = subprocess.run(
+        [sys.executable, "-m", "benchmarks.device_check", "--smoke", "--budget_s", "0"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr[-3000:]
+    out = tmp_path / "essa_jax_device_check_smoke.json"
+    assert f"wrote {out}" in res.stderr
+    assert json.loads(out.read_text())["smoke"] is True
+    assert (recorded.read_bytes() if recorded.exists() else None) == before

@@ -14,6 +14,8 @@ LAYERS = {
     "distributed": 0,
     "hostmem": 0,
     "checkpointing": 0,
+    "workdir": 0,
+    "preemption": 0,
     "models": 1,
     "memory": 1,
     "es": 2,

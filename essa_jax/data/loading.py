@@ -128,20 +128,56 @@ def read_rows(
             ds = ds[split]
         return ds.to_list()
     suffix = path.suffix.lower()
-    builders = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
-    if suffix not in builders:
-        raise ValueError(
-            f"{path}: unsupported task file type {suffix!r}; valid: {sorted(builders)} or a "
+    if suffix not in BUILDERS:
+        raise MalformedRowError(
+            f"{path}: unsupported task file type {suffix!r}; valid: {sorted(BUILDERS)} or a "
             "folder written by Dataset.save_to_disk"
         )
+    if path.stat().st_size == 0:
+        raise MalformedRowError(f"{path}: the file is empty; a task file holds one row per example")
+    if suffix != ".parquet":
+        _check_utf8(path)
+    header_only = suffix == ".csv" and len(path.read_text().strip().splitlines()) <= 1
+    rows = [] if header_only else _read_file(path, BUILDERS[suffix], cache_dir)
+    if not rows:
+        raise MalformedRowError(
+            f"{path}: no rows (a header or an empty list only); a task file holds one row per "
+            "example"
+        )
+    return rows
+
+
+# Task file suffixes and the HF datasets builder of each.
+BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
+
+
+def _check_utf8(path: Path) -> None:
+    """Raise MalformedRowError naming the byte offset of the first non-UTF-8 byte (the readers
+    would fail with a traceback deep inside Arrow)."""
+    with open(path, "rb") as f:
+        data = f.read()
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data[: e.start].count(b"\n") + 1
+        raise MalformedRowError(
+            f"{path}: line {line} (byte {e.start}) is not UTF-8 ({e.reason}); task files must be "
+            "UTF-8 text (re-encode it, e.g. iconv -t utf-8)"
+        ) from None
+
+
+def _read_file(path: Path, builder: str, cache_dir: str | None) -> list[Any]:
+    """The rows of a task file through HF `datasets` (plain JSON when Arrow cannot unify it)."""
+    import datasets
+
     kwargs = {"cache_dir": cache_dir} if cache_dir else {}
     # A local file reads in a blink: no progress bars on the run's stderr (restored after).
     bars_were_off = datasets.utils.logging.is_progress_bar_enabled() is False
     datasets.disable_progress_bars()
     try:
-        ds = datasets.load_dataset(builders[suffix], data_files=str(path), split="train", **kwargs)
+        ds = datasets.load_dataset(builder, data_files=str(path), split="train", **kwargs)
     except Exception as e:
-        if builders[suffix] != "json":
+        if builder != "json":
             raise
         log.info("datasets could not read %s (%s); reading it as plain JSON", path, e)
         return _rows_from_python_json(path)
@@ -325,6 +361,11 @@ def normalise_rows(
                 ex[f] = row[f]
         examples.append(ex)
     report.kept = len(examples)
+    if not examples:
+        raise MalformedRowError(
+            f"{source}: no usable row: {report.rows} rows, {report.num_skipped} skipped as "
+            f"malformed ({fmt} format); a task needs at least one question with its answer"
+        )
     if report.skipped:
         log.warning(report.summary())
     return examples, report

@@ -13,6 +13,10 @@ import numpy as np
 from essa_jax.models.hub import resolve_name
 from essa_jax.models.loading import CheckpointError
 
+# Files of which an HF directory holds at least one when it has a tokenizer (fast, sentencepiece,
+# BPE vocab).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json")
+
 
 def load_tokenizer(path_or_name: str | Path) -> Any:
     """A transformers tokenizer (`encode`, `decode`, `apply_chat_template`) for a local model.
@@ -25,6 +29,12 @@ def load_tokenizer(path_or_name: str | Path) -> Any:
 
     path = resolve_name(path_or_name)
     if path.is_dir():
+        present = [f for f in TOKENIZER_FILES if (path / f).is_file()]
+        if not present:
+            raise CheckpointError(
+                f"{path}: no tokenizer files (one of {', '.join(TOKENIZER_FILES)}); copy the "
+                "checkpoint's tokenizer files there or set --config.model.tokenizer=/path/to/them"
+            )
         return AutoTokenizer.from_pretrained(
             str(path), local_files_only=True, trust_remote_code=False
         )

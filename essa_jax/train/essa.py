@@ -136,6 +136,13 @@ def check_essa_section(config: Any, model_config: Any = None) -> None:
         )
     check_positive("essa.prompts_per_candidate", e.prompts_per_candidate)
     check_positive("essa.generations", e.generations)
+    if not e.greedy and e.temperature <= 0:  # finite: config.check_finite_fields
+        raise ConfigError(
+            "essa.temperature",
+            e.temperature,
+            "finite numbers > 0 when ESSA samples (essa.greedy=False)",
+            "a temperature of 0 is greedy decoding: set --config.essa.greedy=True",
+        )
     rpc = e.rows_per_chunk
     if isinstance(rpc, bool) or not isinstance(rpc, int) or rpc < 0:
         raise ConfigError(

@@ -53,11 +53,12 @@ class MetricsLogger:
 
     def restore(self, history: Iterable[dict[str, Any]], purge_step: int | None = None) -> None:
         """Start from `history` (from a checkpoint): rewrite the JSONL file with exactly it."""
+        from essa_jax.workdir import write_text_atomic
+
         self.history = [dict(r) for r in history]
         if self.write_files:
-            with open(self.path, "w") as f:
-                for row in self.history:
-                    f.write(json.dumps(row) + "\n")
+            # Whole or not at all: a full disk must not truncate the rows already written.
+            write_text_atomic(self.path, "".join(json.dumps(row) + "\n" for row in self.history))
         self._open_tb(purge_step)
 
     def start(self) -> None:
@@ -118,12 +119,18 @@ def read_metrics(workdir: str) -> list[dict[str, Any]]:
 
 
 class Progress:
-    """tqdm bar over the ES / RL steps, showing the latest reward and held-out accuracy (+ ETA)."""
+    """tqdm bar over the ES / RL steps, showing the latest reward and held-out accuracy (+ ETA).
+
+    Only on a terminal: redirected to a file or a pipe, stderr holds only what went wrong (a
+    user's error or a stop is one line there) and the metrics are in metrics.jsonl."""
 
     def __init__(self, total: int, initial: int, desc: str, enabled: bool = True):
         from tqdm.auto import tqdm
 
-        self._bar = tqdm(total=total, initial=initial, desc=desc, disable=not enabled, unit="step")
+        # disable=None: tqdm's "off unless stderr is a TTY".
+        self._bar = tqdm(
+            total=total, initial=initial, desc=desc, disable=None if enabled else True, unit="step"
+        )
         self._post: dict[str, str] = {}
 
     def update(self, n: int = 1, **postfix: float) -> None:

@@ -28,6 +28,7 @@ import dataclasses
 import json
 import os
 import time
+import warnings
 from typing import Any
 
 import jax
@@ -37,18 +38,28 @@ import numpy as np
 from essa_jax import lora as lora_lib
 from essa_jax.checkpointing import (
     Checkpointer,
+    CheckpointFallbackWarning,
     WorkdirError,
     restore_checkpointer_with_fallback,
 )
 from essa_jax.config import search_seed
 from essa_jax.evaluation import heldout_accuracy, heldout_pass_at_k
 from essa_jax.models.loading import RANDOM_PREFIX
+from essa_jax.preemption import Preempted, PreemptionGuard
 from essa_jax.train import summary as summary_lib
 from essa_jax.train.methods import check_rows, get_method, validate_config
 from essa_jax.train.metrics import MetricsLogger, Progress
 from essa_jax.train.rollouts import PromptSet, Sampler, policy_sample_fn
 from essa_jax.train.sft import train_sft
 from essa_jax.train.tasks import encode_split
+from essa_jax.workdir import (
+    CONFIG_FILE,
+    WorkdirLock,
+    check_resume,
+    remove_partial_checkpoints,
+    replace_dir,
+    write_text_atomic,
+)
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 ACCELERATORS = ("gpu", "tpu", "cuda", "rocm")
@@ -106,8 +117,9 @@ def load_model(config) -> tuple[Any, Any, Any]:
 
         model_config, params = tiny_model(path[len(RANDOM_PREFIX) :], config.seed, dtype)
         return model_config, params, CharTokenizer()
-    model_config, params = load_pretrained(path, dtype)
+    # The tokenizer first: a directory without tokenizer files fails before the weights are read.
     tokenizer = load_tokenizer(config.model.tokenizer or path)
+    model_config, params = load_pretrained(path, dtype)
     return model_config, params, tokenizer
 
 
@@ -159,6 +171,8 @@ def build_run(config, workdir: str, *, verbose: bool = True) -> Run:
     from essa_jax.train.tasks import load_task
 
     t0 = time.perf_counter()
+    # The task first: a data file that cannot be read fails before any weight is read.
+    task, reward_fn = load_task(config.task, config.seed)
     model_config, params, tokenizer = load_model(config)
     lora_config = lora_lib.LoraConfig(
         rank=config.lora.rank, alpha=float(config.lora.alpha), targets=tuple(config.lora.targets)
@@ -166,7 +180,6 @@ def build_run(config, workdir: str, *, verbose: bool = True) -> Run:
     lora_config.validate_for(model_config)
     eos = tuple(model_config.eos_token_ids) or (tokenizer.eos_token_id,)
     pad = model_config.effective_pad_id
-    task, reward_fn = load_task(config.task, config.seed)
     enc = dict(max_prompt_tokens=config.task.max_prompt_tokens, pad_id=pad, eos_id=eos[0])
     train, dropped_train = encode_split(tokenizer, task.train, task, **enc)
     heldout, dropped_heldout = encode_split(tokenizer, task.eval, task, **enc)
@@ -280,14 +293,68 @@ def _sft(run: Run, key: jax.Array) -> tuple[dict, dict[str, Any]]:
     return sft_lora, info
 
 
-def train_and_evaluate(config, workdir: str, *, resume: bool | None = None, verbose: bool = True):
+def train_and_evaluate(
+    config,
+    workdir: str,
+    *,
+    resume: bool | None = None,
+    verbose: bool = True,
+    allow_config_change: bool = False,
+):
     """Run the experiment `config` in `workdir`; return the summary dict (also summary.json).
 
     resume: True = require a checkpoint in `workdir`; False = refuse to reuse a workdir that
     has one; None (default) = resume when a complete checkpoint exists, else start fresh.
+    allow_config_change: resume even when a field that changes the run's meaning differs from the
+    workdir's config.json (`essa_jax.workdir.MAY_CHANGE`; the change is recorded).
+
+    The run holds the workdir's lock throughout (`essa_jax.workdir.WorkdirLock`) and stops on
+    SIGTERM / SIGINT at a step boundary with a checkpoint (`essa_jax.preemption`: raises
+    `Preempted`).
     """
     validate_config(config)
     os.makedirs(workdir, exist_ok=True)
+    lock = _lock_workdir(workdir, verbose)
+    guard = PreemptionGuard(config.checkpoint.preempt_seconds)
+    guard.install()
+    try:
+        return _train_and_evaluate(config, workdir, resume, verbose, allow_config_change, guard)
+    finally:
+        guard.uninstall()
+        if lock is not None:
+            lock.release()
+
+
+def _lock_workdir(workdir: str, verbose: bool) -> WorkdirLock | None:
+    """Process 0 takes the workdir's lock (the other processes are the same run); every process
+    raises WorkdirError when it is held by another run."""
+    lock, error = (WorkdirLock(workdir), None) if _is_main() else (None, None)
+    if lock is not None:
+        try:
+            line = lock.acquire()
+            if line and verbose:
+                print(line, flush=True)
+        except WorkdirError as e:
+            error = e
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        held = multihost_utils.process_allgather(np.asarray(error is not None, np.int32))
+        if error is None and int(np.max(held)):
+            if lock is not None:
+                lock.release()
+            error = WorkdirError(f"{workdir} is in use by another run (process 0 names it)")
+    if error is not None:
+        raise error
+    return lock
+
+
+def _train_and_evaluate(config, workdir, resume, verbose, allow_config_change, guard):
+    if _is_main():
+        # A killed checkpoint write leaves orbax's temporary directory: never read, removed here.
+        for name in remove_partial_checkpoints(os.path.join(workdir, "checkpoints")):
+            if verbose:
+                print(f"removed {workdir}/checkpoints/{name}, a checkpoint write that was killed")
     ckpt = Checkpointer(workdir, keep=config.checkpoint.keep)
     latest = ckpt.latest_step()
     if resume is True and latest is None:
@@ -300,9 +367,16 @@ def train_and_evaluate(config, workdir: str, *, resume: bool | None = None, verb
             f"{workdir} already holds checkpoints (latest step {latest}); resume (the default) or "
             "use a new --workdir"
         )
+    record = json.loads(config.to_json_best_effort())
+    if latest is not None:
+        # Refused before anything is written: config.json stays the record of the run.
+        line = check_resume(
+            workdir, record, latest, allow_change=allow_config_change, record_changes=_is_main()
+        )
+        if line and verbose and _is_main():
+            print(line, flush=True)
     if _is_main():
-        with open(os.path.join(workdir, "config.json"), "w") as f:
-            f.write(config.to_json_best_effort(indent=2) + "\n")
+        write_text_atomic(os.path.join(workdir, CONFIG_FILE), json.dumps(record, indent=2) + "\n")
 
     run = build_run(config, workdir, verbose=verbose)
     loop = get_method(config.method).make_loop(run)
@@ -320,20 +394,36 @@ def train_and_evaluate(config, workdir: str, *, resume: bool | None = None, verb
             state = loop.init_state(k_loop, sft_lora)
         meta["history"] = list(run.logger.history)
         ckpt.save(0, state, meta)
+        guard.last_checkpoint = 0
         run.logger.restore(meta["history"])
     else:
         template = _template(run, loop, k_loop)
         # A newest step that cannot be read (truncated, half-copied) is quarantined with a
         # CheckpointFallbackWarning and the previous one resumed instead.
-        restored = restore_checkpointer_with_fallback(ckpt, ckpt.directory, template)
+        # When none can be read, the one error line says why for each step (no warnings first).
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            restored = restore_checkpointer_with_fallback(ckpt, ckpt.directory, template)
         if restored is None:
+            why = "; ".join(
+                str(w.message).split(" in ", 1)[0]
+                + ": "
+                + str(w.message).split("restored (", 1)[-1]
+                for w in caught
+                if issubclass(w.category, CheckpointFallbackWarning)
+            ).replace("; falling back to the previous complete checkpoint", "")
             raise WorkdirError(
-                f"no checkpoint in {ckpt.directory} can be restored (latest step {latest}); "
-                "move the directory away to start afresh"
+                f"no checkpoint in {ckpt.directory} can be restored ({why}); move the directory "
+                "away to start afresh"
             )
+        for w in caught:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
         latest, state, meta = restored
+        guard.last_checkpoint = latest
         ckpt.reload()
         run.log(f"resuming from {workdir}/checkpoints/{latest}")
+        if latest == 0:
+            meta = _rescore_baseline(run, loop, state, meta)
         run.logger.restore(meta["history"], purge_step=latest + 1)
 
     if run.infer_params is not run.params:
@@ -342,7 +432,7 @@ def train_and_evaluate(config, workdir: str, *, resume: bool | None = None, verb
         # inference").
         run.params = None
     if loop is not None:
-        state, meta = _run_loop(run, loop, state, meta, ckpt)
+        state, meta = _run_loop(run, loop, state, meta, ckpt, guard)
         final_lora = loop.policy_lora(state)
         export = loop.export_lora(state)
     else:
@@ -354,12 +444,16 @@ def train_and_evaluate(config, workdir: str, *, resume: bool | None = None, verb
     summary = summary_lib.make_summary(config, meta, final, pass_k)
     summary["malformed_rows_skipped"] = run.malformed_skipped
     if _is_main():
+        # Written beside the previous adapter, then renamed over it: a full disk never leaves a
+        # partial adapter where a good one was.
+        adapter = os.path.join(workdir, "adapter")
         lora_lib.export_peft(
-            os.path.join(workdir, "adapter"),
+            f"{adapter}.tmp-{os.getpid()}",
             export,
             run.lora_config,
             base_model_name_or_path=config.model.path,
         )
+        replace_dir(f"{adapter}.tmp-{os.getpid()}", adapter)
         summary_lib.write_summary(workdir, summary, verbose=run.verbose)
         title = f"{config.method} {config.task.name}"
         summary_lib.plot_run(workdir, run.logger.history, title=title)
@@ -384,6 +478,23 @@ def _final_eval(run: Run, lora: Any, meta: dict) -> dict[str, Any]:
     ev = evaluate_policy(run, lora, step=step, evaluation="final")
     run.logger.write("eval", step, wall_s=meta["wall_s"], tokens=meta["tokens"], **ev)
     return ev
+
+
+def _rescore_baseline(run: Run, loop, state: Any, meta: dict) -> dict:
+    """Checkpoint 0's held-out scores recomputed with this run's reward: a run that failed after
+    checkpoint 0 (e.g. its reward raised) must not hand a baseline scored by that reward to the
+    rerun that fixed it. The SFT adapter itself does not depend on the reward and is kept."""
+    c = run.config
+    ev = evaluate_policy(run, state["lora"] if loop is None else loop.policy_lora(state))
+    base = evaluate_policy(run, None) if c.eval.base_model else None
+    history = [
+        {"phase": "eval", "step": 0, "wall_s": 0.0, "tokens": 0, **ev}
+        if r["phase"] == "eval" and r["step"] == 0
+        else r
+        for r in meta["history"]
+    ]
+    run.log(f"checkpoint 0: SFT held-out accuracy rescored with this run's reward: {ev['acc']:.3f}")
+    return {**meta, "sft_eval": ev, "base_eval": base, "history": history}
 
 
 def _template(run: Run, loop, key: jax.Array) -> Any:
@@ -422,8 +533,10 @@ def _pass_at_k(run: Run, lora: Any) -> dict[str, Any]:
     )
 
 
-def _run_loop(run: Run, loop, state, meta: dict, ckpt: Checkpointer):
-    """Step until the budget (steps or wall-clock); log, evaluate, checkpoint."""
+def _run_loop(run: Run, loop, state, meta: dict, ckpt: Checkpointer, guard: PreemptionGuard):
+    """Step until the budget (steps or wall-clock); log, evaluate, checkpoint. On a signal
+    (`guard`, agreed by every process at the step boundary) checkpoint the step reached and raise
+    `Preempted`."""
     c = run.config
     step = int(state.step)
     wall = float(meta["wall_s"])
@@ -432,6 +545,12 @@ def _run_loop(run: Run, loop, state, meta: dict, ckpt: Checkpointer):
     last_saved = step
     try:
         while step < loop.total_steps:
+            signum = guard.stop_requested()
+            if signum:
+                if step != last_saved:
+                    ckpt.save(step, state, _meta(meta, run, wall, tokens))
+                    guard.last_checkpoint = step
+                raise Preempted(signum, step, os.path.join(ckpt.directory, str(step)))
             if c.max_wall_seconds and wall >= c.max_wall_seconds:
                 run.log(f"stopping at step {step}: wall-clock budget {c.max_wall_seconds}s reached")
                 break
@@ -451,7 +570,7 @@ def _run_loop(run: Run, loop, state, meta: dict, ckpt: Checkpointer):
             progress.update(1, **post)
             if c.checkpoint.every and step % c.checkpoint.every == 0:
                 ckpt.save(step, state, _meta(meta, run, wall, tokens))
-                last_saved = step
+                last_saved = guard.last_checkpoint = step
     finally:
         progress.close()
     meta = _meta(meta, run, wall, tokens)

@@ -83,10 +83,10 @@ def format_summary(s: dict[str, Any]) -> str:
 
 
 def write_summary(workdir: str, summary: dict[str, Any], *, verbose: bool = True) -> str:
+    from essa_jax.workdir import write_text_atomic
+
     path = os.path.join(workdir, SUMMARY_FILE)
-    with open(path, "w") as f:
-        json.dump(summary, f, indent=2)
-        f.write("\n")
+    write_text_atomic(path, json.dumps(summary, indent=2) + "\n")  # never a half-written file
     if verbose:
         print("\n" + format_summary(summary) + f"\n(written to {path})", flush=True)
     return path
