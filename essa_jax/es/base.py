@@ -29,6 +29,7 @@ its extra state fields (`_init`) and its extra metrics (`_metrics`).
 from __future__ import annotations
 
 import abc
+import dataclasses
 import math
 from functools import partial
 from typing import Any, ClassVar, Generic, Protocol, TypeVar, runtime_checkable
@@ -36,6 +37,7 @@ from typing import Any, ClassVar, Generic, Protocol, TypeVar, runtime_checkable
 import chex
 import jax
 import jax.numpy as jnp
+from flax import struct
 
 from essa_jax.es.shaping import finite_or_worst
 
@@ -64,11 +66,30 @@ class Strategy(Protocol):
 StateT = TypeVar("StateT")
 
 
+@struct.dataclass
+class Bookkeeping:
+    """The state fields `BaseStrategy` keeps for every built-in strategy (its `BOOKKEEPING`), so a
+    strategy's state class declares only its own: generation [] int32; best_member [D] (best
+    finite candidate so far); best_fitness [] (-inf until one is finite); generation_best_fitness
+    [] (this generation's best, -inf if none finite); num_nonfinite [] int32 (non-finite fitness
+    values this generation); update_norm [] (||m' - m|| of the last generation that had a finite
+    fitness).
+    Subclasses add `mean`, `sigma` and their own fields (keyword construction: field order is
+    free)."""
+
+    generation: jax.Array
+    best_member: jax.Array
+    best_fitness: jax.Array
+    generation_best_fitness: jax.Array
+    num_nonfinite: jax.Array
+    update_norm: jax.Array
+
+
 class BaseStrategy(abc.ABC, Generic[StateT]):
     """The bookkeeping every built-in strategy shares (the evosax split: the base class does the
     bookkeeping, a strategy only its own update). Subclasses are frozen dataclasses with the
     fields `num_dims`, `population_size` and `sigma_init`, and set `state_type` to a flax.struct
-    dataclass with the fields `mean`, `sigma`, the `BOOKKEEPING` fields and their own.
+    dataclass subclassing `Bookkeeping` with the fields `mean`, `sigma` and their own.
 
     Hooks a subclass provides:
       _init(key, mean) -> dict: its own initial state fields (everything but mean, sigma and the
@@ -79,18 +100,8 @@ class BaseStrategy(abc.ABC, Generic[StateT]):
       _metrics(state) -> dict: its own scalars to log (optional).
     """
 
-    # generation [] (completed tells); best_member [D], best_fitness [] (best seen so far, -inf
-    # before any finite fitness); generation_best_fitness [] (this generation's, -inf when none is
-    # finite); num_nonfinite [] (non-finite fitness values this generation); update_norm []
-    # (||m' - m|| of the last generation that had a finite fitness).
-    BOOKKEEPING: ClassVar[tuple[str, ...]] = (
-        "generation",
-        "best_member",
-        "best_fitness",
-        "generation_best_fitness",
-        "num_nonfinite",
-        "update_norm",
-    )
+    # The fields of `Bookkeeping` (a state class inherits them), by name.
+    BOOKKEEPING: ClassVar[tuple[str, ...]] = tuple(f.name for f in dataclasses.fields(Bookkeeping))
     state_type: ClassVar[type]
     num_dims: int
     population_size: int

@@ -63,7 +63,7 @@ from essa_jax.es import base
 
 
 @struct.dataclass
-class CMAESState:
+class CMAESState(base.Bookkeeping):
     """Everything needed to resume a CMA-ES run. Shapes: D = num_dims.
 
     mean [D]; sigma [] (step size); p_sigma [D], p_c [D] (evolution paths); C [D, D], C_factors
@@ -85,12 +85,6 @@ class CMAESState:
     since_refresh: jax.Array
     B: jax.Array
     D: jax.Array
-    generation: jax.Array
-    best_member: jax.Array
-    best_fitness: jax.Array
-    generation_best_fitness: jax.Array
-    num_nonfinite: jax.Array
-    update_norm: jax.Array
 
 
 @dataclasses.dataclass(frozen=True)

@@ -35,7 +35,7 @@ from essa_jax.es.shaping import ShapingFn, get_shaping_fn
 
 
 @struct.dataclass
-class OpenAIESState:
+class OpenAIESState(base.Bookkeeping):
     """mean [D], sigma [], opt_state (optax state of the mean); generation, best_member,
     best_fitness, generation_best_fitness, num_nonfinite, update_norm: the bookkeeping of
     `base.BaseStrategy.BOOKKEEPING`."""
@@ -43,12 +43,6 @@ class OpenAIESState:
     mean: jax.Array
     sigma: jax.Array
     opt_state: Any
-    generation: jax.Array
-    best_member: jax.Array
-    best_fitness: jax.Array
-    generation_best_fitness: jax.Array
-    num_nonfinite: jax.Array
-    update_norm: jax.Array
 
 
 @dataclasses.dataclass(frozen=True)

@@ -31,7 +31,7 @@ from essa_jax.es.cma_es import CMAES
 
 
 @struct.dataclass
-class SepCMAESState:
+class SepCMAESState(base.Bookkeeping):
     """Everything needed to resume a sep-CMA-ES run (D = num_dims).
 
     mean [D], sigma [], p_sigma [D], p_c [D], C [D] (the diagonal of the covariance); generation,
@@ -44,12 +44,6 @@ class SepCMAESState:
     p_sigma: jax.Array
     p_c: jax.Array
     C: jax.Array
-    generation: jax.Array
-    best_member: jax.Array
-    best_fitness: jax.Array
-    generation_best_fitness: jax.Array
-    num_nonfinite: jax.Array
-    update_norm: jax.Array
 
 
 @dataclasses.dataclass(frozen=True)
