@@ -24,6 +24,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from essa_jax.lora.adapter import ToLora
+from essa_jax.lora.full import ToParams, model_weights
 from essa_jax.mesh import (
     DATA_AXIS,
     axis_size,
@@ -64,10 +65,12 @@ class GRPOPrograms:
         optimizer: optax.GradientTransformation,
         eos_token_ids: Sequence[int],
         mesh: Mesh,
+        to_params: ToParams | None = None,
     ):
         self.model_config = model_config
         self.cfg = cfg
         self.to_lora = to_lora
+        self.to_params = to_params
         self.optimizer = optimizer
         self.eos_token_ids = tuple(eos_token_ids)
         self.mesh = mesh
@@ -78,6 +81,11 @@ class GRPOPrograms:
         self.update_step = jax.jit(self._update_step, static_argnames=("num_rows",))
         self.assemble = jax.jit(self._assemble, out_shardings=rows)
         self.take = jax.jit(self._take, out_shardings=rows)
+
+    def weights(self, policy: FrozenPolicy, trainable: Any) -> Any:
+        """The weights the policy runs with: the base, or with full-parameter training
+        (`to_params`, `lora.full.merge_weights`) the trained weights cast to the base's dtype."""
+        return model_weights(trainable, policy.base, self.to_params)
 
     # -- rollout
 
@@ -119,13 +127,13 @@ class GRPOPrograms:
         )
 
         def body(policy, trainable, tokens, mask, keys):
-            lora = self.to_lora(trainable, policy.adapter)
+            lora, params = self.to_lora(trainable, policy.adapter), self.weights(policy, trainable)
             if one_key:
                 return generate(
-                    policy.base, self.model_config, tokens, mask, keys, lora=lora, **settings
+                    params, self.model_config, tokens, mask, keys, lora=lora, **settings
                 )
             return generate_chunked(
-                policy.base,
+                params,
                 self.model_config,
                 tokens,
                 mask,
@@ -160,10 +168,14 @@ class GRPOPrograms:
         def body(policy, trainable, tokens, attention_mask):
             out = []
             lora = self.to_lora(trainable, policy.adapter)
-            for on, adapter in ((with_policy, lora), (with_ref, None)):
+            ref = (policy.base, None)  # the initial weights with no adapter
+            for on, (params, adapter) in (
+                (with_policy, (self.weights(policy, trainable), lora)),
+                (with_ref, ref),
+            ):
                 out.append(
                     sequence_logprobs(
-                        policy.base,
+                        params,
                         self.model_config,
                         tokens,
                         attention_mask,
@@ -191,7 +203,7 @@ class GRPOPrograms:
         cfg = self.cfg
         num_new = batch.completion_mask.shape[1]
         lp, ent = sequence_logprobs(
-            policy.base,
+            self.weights(policy, trainable),
             self.model_config,
             batch.tokens,
             batch.attention_mask,

@@ -28,6 +28,7 @@ from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
 from essa_jax.lora.adapter import master_weights
+from essa_jax.lora.full import ToParams, model_weights
 from essa_jax.mesh import (
     DATA_AXIS,
     axis_size,
@@ -83,8 +84,10 @@ def sft_loss_and_grad(
     *,
     remat: bool = False,
     micro_batch_size: int = 0,
+    to_params: ToParams | None = None,
 ) -> tuple[jax.Array, Any]:
     """(sft_loss, its gradient w.r.t. lora) of a batch [B, T], optionally in micro-batches.
+    `lora` is the trainable, the adapter or (with `to_params`) the weights (`lora.full`).
 
     micro_batch_size = 0 (or B): one pass. Else the B rows are split into B / micro_batch_size
     contiguous micro-batches under `lax.scan`, each adding the gradient of its NLL *sum*
@@ -93,17 +96,25 @@ def sft_loss_and_grad(
     micro-batch's activations alive at a time.
     """
     B = tokens.shape[0]
+
+    def inputs(trainable):  # (weights, adapter) of the model
+        return model_weights(trainable, params, to_params), None if to_params else trainable
+
     if not micro_batch_size or micro_batch_size == B:
-        return jax.value_and_grad(sft_loss)(
-            lora, params, model_config, tokens, mask, loss_mask, remat
-        )
+
+        def loss(trainable):
+            weights, adapter = inputs(trainable)
+            return sft_loss(adapter, weights, model_config, tokens, mask, loss_mask, remat)
+
+        return jax.value_and_grad(loss)(lora)
     if micro_batch_size < 0 or B % micro_batch_size:
         raise ValueError(f"sft micro_batch_size={micro_batch_size} must divide the batch size {B}")
     n = B // micro_batch_size
     split = lambda x: x.reshape(n, micro_batch_size, *x.shape[1:])  # noqa: E731
 
-    def nll_sum(lora, tok, m, lm):
-        lp = sequence_logprobs(params, model_config, tok, m, lora=lora, remat=remat)
+    def nll_sum(trainable, tok, m, lm):
+        weights, adapter = inputs(trainable)
+        lp = sequence_logprobs(weights, model_config, tok, m, lora=adapter, remat=remat)
         return -jnp.sum(lp * lm[:, 1:].astype(jnp.float32))
 
     def micro(acc, xs):
@@ -121,7 +132,7 @@ def sft_loss_and_grad(
 
 @functools.partial(
     jax.jit,
-    static_argnames=("model_config", "optimizer", "remat", "micro_batch_size", "mesh"),
+    static_argnames=("model_config", "optimizer", "remat", "micro_batch_size", "mesh", "to_params"),
     donate_argnums=(0, 1),
 )
 def sft_step(
@@ -136,8 +147,13 @@ def sft_step(
     remat: bool = False,
     micro_batch_size: int = 0,
     mesh: Mesh | None = None,
+    to_params: ToParams | None = None,
 ):
     """One AdamW step on a batch; returns (lora, opt_state, metrics).
+
+    `lora` is the trainable: the adapter, or with `to_params` (static; `lora.full.merge_weights`)
+    the float32 master weights of full-parameter training, run as `to_params(lora, params)`
+    with no adapter.
 
     lora and opt_state are donated; tokens, mask, loss_mask [B, T]. `remat` and
     `micro_batch_size` as in `sft_loss_and_grad` (static). Lowerable ahead of time with
@@ -160,6 +176,7 @@ def sft_step(
             loss_mask,
             remat=remat,
             micro_batch_size=micro_batch_size,
+            to_params=to_params,
         )
         if mesh is None:
             return loss, grads
@@ -189,6 +206,7 @@ def train_sft(
     log_fn=None,
     remat: bool = False,
     mesh: Mesh | None = None,
+    to_params: ToParams | None = None,
 ) -> Any:
     """`sft_config.steps` AdamW steps of batch `sft_config.batch_size`; returns the trained LoRA.
 
@@ -201,6 +219,9 @@ def train_sft(
     arguments): each batch is padded to the axis with copies of its row 0 carrying no loss
     (`mesh.pad_to`'s rule), sharded, and `micro_batch_size` counts rows per device; the base
     weights are placed once (`rl.place_base`) and the LoRA comes back as a local copy.
+
+    to_params: full-parameter SFT (`lora.full`): `lora` is then `full_policy`'s trainable (the
+    weights' float32 masters) and `to_params` its `merge_weights`.
     """
     tokens, mask, loss_mask = sft_sequences(data, pad_id)
     optimizer = make_optimizer(
@@ -245,6 +266,7 @@ def train_sft(
             remat=remat,
             micro_batch_size=micro_batch_size,
             mesh=mesh,
+            to_params=to_params,
         )
         if log_fn is not None:
             log_fn(step + 1, {k: float(v) for k, v in m.items()})
