@@ -1,0 +1,195 @@
+"""Full-parameter GRPO and SFT (`lora.full`): the update on 1 device equals the update on 8 virtual
+devices (data = 8) and on data = 4 x model = 2, after the weights moved; the "projections" subset
+trains only the projections; the KL reference is the initial weights; float32 masters keep an
+AdamW step of lr 1e-6 that bfloat16 weights round away."""
+
+from types import SimpleNamespace
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from toy_model import TOY_CONFIG as CONFIG
+
+from essa_jax.lora.full import full_policy, merge_weights, select_weights
+from essa_jax.mesh import make_mesh
+from essa_jax.models import init_params
+from essa_jax.rl import FrozenPolicy, GRPOConfig, GRPOTrainer, adamw, place_base
+from essa_jax.train.rollouts import PromptSet
+from essa_jax.train.sft import train_sft
+
+GROUP = 4
+
+
+def _meshes():
+    return {
+        "1": make_mesh(pop=1, data=1, devices=jax.devices()[:1]),
+        "8": make_mesh(pop=1, data=8),
+        "4x2": make_mesh(pop=1, data=4, model=2),
+    }
+
+
+def decode(ids):
+    return " ".join(str(i) for i in ids)
+
+
+def parity_reward(prompts, completions, **fields):
+    return [float(sum(map(int, c.split())) % 2 == 0) for c in completions]
+
+
+@pytest.fixture(scope="module")
+def params():
+    return jax.jit(init_params, static_argnums=1)(jax.random.key(0), CONFIG)
+
+
+def _leaves(tree):
+    return [np.asarray(x) for x in jax.tree.leaves(jax.device_get(tree))]
+
+
+def _max_diff(a, b):
+    return max(float(np.abs(x - y).max()) for x, y in zip(_leaves(a), _leaves(b), strict=True))
+
+
+# Adam divides each gradient by its own magnitude, so a weight whose gradient is ~0 (norm entries,
+# embedding rows of unsampled tokens) turns summation-order rounding into a step of order lr; the
+# layout tests use plain SGD after the same clipping, whose step is linear in the gradient.
+SGD = optax.chain(optax.clip_by_global_norm(1.0), optax.sgd(0.5))
+
+
+def _grpo_step(params, subset, mesh, cfg, num_prompts=3, optimizer=None):
+    toks = jax.random.randint(jax.random.key(2), (num_prompts, 3), 3, 16).astype(jnp.int32)
+    texts = [f"p{i}" for i in range(num_prompts)]
+    trainable, frozen, to_lora = full_policy(params, subset)
+    trainer = GRPOTrainer(
+        CONFIG,
+        cfg,
+        to_lora=to_lora,
+        to_params=merge_weights,
+        reward_fn=parity_reward,
+        decode=decode,
+        mesh=mesh,
+        optimizer=optimizer,
+    )
+    policy = FrozenPolicy(place_base(params, mesh, CONFIG), frozen)
+    state = trainer.init(trainable, jax.random.key(3))
+    new, m = trainer.step(state, policy, toks, jnp.ones_like(toks), texts)
+    return trainable, new, m
+
+
+# 12 rollouts: padded to 16 on 8 devices, two mini-batches of 6 (padded to 8), KL to the initial
+# weights, one-row micro-batches.
+CFG = GRPOConfig(
+    group_size=GROUP,
+    max_new_tokens=4,
+    learning_rate=1e-2,
+    temperature=0.9,
+    agg="seq_mean_token_mean",
+    beta=0.05,
+    num_minibatches=2,
+    micro_batch_size=1,
+    rows_per_chunk=2,  # per-row sampling keys on one device too: the same rollouts everywhere
+)
+
+
+def test_full_grpo_update_is_the_same_on_1_8_and_4x2_devices(params):
+    out = {name: _grpo_step(params, "full", m, CFG, optimizer=SGD) for name, m in _meshes().items()}
+    trainable, p1, m1 = out["1"]
+    assert _max_diff(p1.params, trainable) > 1e-3  # every weight tree moved
+    assert 0 < m1["reward_mean"] < 1  # a real gradient
+    assert m1["kl"] > 0  # the second mini-batch sees weights off the reference
+    for name in ("8", "4x2"):
+        _, p, m = out[name]
+        assert _max_diff(p.params, p1.params) < 5e-6, name
+        np.testing.assert_allclose(m["loss"], m1["loss"], rtol=1e-4, atol=1e-7)
+
+
+def test_projections_subset_trains_only_the_projections(params):
+    trainable, new, _ = _grpo_step(params, "projections", _meshes()["1"], CFG)
+    assert set(trainable) == {"layers"}
+    assert set(trainable["layers"]) == {"q", "k", "v", "o", "gate", "up", "down"}
+    assert _max_diff(new.params, trainable) > 1e-3
+    merged = merge_weights(new.params, params)
+    for k in ("embed", "final_norm"):
+        np.testing.assert_array_equal(merged[k], params[k])  # frozen
+    for k in ("attn_norm", "mlp_norm"):
+        np.testing.assert_array_equal(merged["layers"][k], params["layers"][k])
+
+
+def test_kl_reference_is_the_initial_weights(params):
+    """The reference log-probs of a trained policy are the initial model's, not its own."""
+    cfg = GRPOConfig(group_size=GROUP, max_new_tokens=4, temperature=0.9, beta=0.1)
+    trainable, frozen, to_lora = full_policy(params, "full")
+    trainer = GRPOTrainer(
+        CONFIG,
+        cfg,
+        to_lora=to_lora,
+        to_params=merge_weights,
+        reward_fn=parity_reward,
+        decode=decode,
+    )
+    moved = jax.tree.map(lambda x: x * 1.5, trainable)
+    toks = jax.random.randint(jax.random.key(5), (4, 6), 3, 16).astype(jnp.int32)
+    attn = jnp.ones_like(toks)
+    policy = FrozenPolicy(params, frozen)
+    pol, ref = trainer.score(policy, moved, toks, attn, with_policy=True, with_ref=True, last=3)
+    base_pol, _ = trainer.score(policy, trainable, toks, attn, with_policy=True, last=3)
+    assert float(jnp.abs(pol - ref).max()) > 1e-3  # the trained policy moved off the reference
+    np.testing.assert_allclose(ref, base_pol, rtol=0, atol=1e-6)
+
+
+def test_full_sft_is_the_same_on_1_8_and_4x2_devices(params):
+    rng = np.random.default_rng(0)
+    n = 12
+    toks = rng.integers(3, 16, (n, 5)).astype(np.int32)
+    mask = np.ones_like(toks)
+    toks[::3, :2], mask[::3, :2] = 0, 0
+    targets = [list(rng.integers(3, 16, 1 + i % 4)) + [2] for i in range(n)]
+    data = PromptSet([f"p{i}" for i in range(n)], toks, mask, {}, targets)
+    sft = SimpleNamespace(
+        learning_rate=1e-2,
+        weight_decay=0.0,
+        max_grad_norm=1.0,
+        steps=2,
+        batch_size=6,
+        micro_batch_size=1,
+    )
+    trainable, _, _ = full_policy(params, "full")
+
+    def run(mesh):
+        t = jax.tree.map(jnp.copy, trainable)  # the step donates its trainable
+        return train_sft(
+            t, params, CONFIG, data, sft, seed=0, pad_id=0, mesh=mesh, to_params=merge_weights
+        )
+
+    one = run(None)
+    assert _max_diff(one, trainable) > 1e-3  # the weights moved
+    for name, mesh in _meshes().items():
+        assert _max_diff(run(mesh), one) < 5e-6, name
+
+
+def test_float32_masters_keep_a_1e_6_step_that_bfloat16_rounds_away(params):
+    """F-GRPO's lr 1e-6 (arXiv 2602.06717): Adam's first step moves each weight by ~lr, below
+    bfloat16's spacing (2^-8 relative) for weights of size >~ 1e-4; a float32 master keeps it."""
+    bf16 = jax.tree.map(lambda x: x.astype(jnp.bfloat16), params)
+    opt = adamw(1e-6, 0.0, 1.0)
+    grads = jax.tree.map(lambda x: jnp.ones(x.shape, jnp.float32), bf16)
+
+    def step(w):
+        upd, _ = opt.update(jax.tree.map(lambda g, x: g.astype(x.dtype), grads, w), opt.init(w), w)
+        return optax.apply_updates(w, upd)
+
+    def kept(new, old):  # the mean step taken, as a fraction of the -1e-6 asked for
+        w1, w0 = (np.asarray(t["layers"]["q"]["kernel"], np.float64) for t in (new, old))
+        return float(np.mean(w1 - w0) / -1e-6)
+
+    assert kept(step(bf16), bf16) < 0.1  # bf16 weights and AdamW state: the step rounds away
+    master, _, _ = full_policy(bf16, "full")
+    assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(master))
+    moved = step(master)
+    assert abs(kept(moved, master) - 1) < 1e-2
+    run = merge_weights(moved, bf16)  # the compute weights: the masters in the base's dtype
+    assert all(x.dtype == jnp.bfloat16 for x in jax.tree.leaves(run))
+    assert set(select_weights(params, "full")) == set(params)
+    with pytest.raises(ValueError, match="valid are"):
+        select_weights(params, "embeddings")
