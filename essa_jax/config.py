@@ -21,6 +21,8 @@ from typing import Any
 import ml_collections
 
 METHODS = ("essa", "grpo", "fgrpo", "svdgrpo", "sft")
+# The methods that may train the model's weights instead of an adapter (`train.params`).
+FULL_PARAM_METHODS = ("sft", "grpo", "fgrpo")
 DTYPES = ("auto", "float32", "bfloat16")
 PROMPT_SAMPLINGS = ("shared", "per_candidate")
 # Placeholder for configs that need a user's local checkpoint or dataset: fails validation.
@@ -114,6 +116,15 @@ def base_config() -> ml_collections.ConfigDict:
     c.lora.alpha = 8.0  # LoRA scale = alpha / r (PEFT's lora_alpha)
     # Adapted projections: a subset of essa_jax.models.PROJECTIONS (q k v o gate up down).
     c.lora.targets = ("q", "k", "v", "o")
+
+    c.train = ml_collections.ConfigDict()
+    # What SFT and the GRPO family train (essa_jax.lora.full.TRAINED_WEIGHTS): "lora" = the
+    # adapter (LoRA factors; svdgrpo: its singular values); "full" = every weight of the model, as
+    # the papers' GRPO baselines (float32 masters + AdamW state, 14 bytes per weight with the
+    # bf16 base, which stays the KL reference); "projections" = the seven projections' weights
+    # (embedding, head and norms frozen). Other than "lora" only for methods sft / grpo / fgrpo
+    # and model.quantize = "none"; the run then exports a Hugging Face checkpoint (workdir/model).
+    c.train.params = "lora"
 
     c.sft = ml_collections.ConfigDict()
     # LoRA SFT on the task's reference answers; loss on the answer tokens only (ESSA step 1).
@@ -438,6 +449,29 @@ def check_quantization(model, model_config: Any = None) -> None:
             raise ConfigError("model.quant_group", group, valid) from None
 
 
+def check_trained_params(config) -> None:
+    """`train.params` against the method and the base's form (`lora.full`)."""
+    from essa_jax.lora.full import TRAINED_WEIGHTS
+
+    _check_choice("train.params", config.train.params, TRAINED_WEIGHTS)
+    if config.train.params == "lora":
+        return
+    if config.method not in FULL_PARAM_METHODS:
+        raise ConfigError(
+            "train.params",
+            config.train.params,
+            f"'lora' for method {config.method!r}",
+            f"the weights are trained by methods {' | '.join(FULL_PARAM_METHODS)}",
+        )
+    if config.model.quantize != "none":
+        raise ConfigError(
+            "train.params",
+            config.train.params,
+            f"'lora' with model.quantize = {config.model.quantize!r}",
+            "quantised weights have no gradient: set model.quantize = 'none'",
+        )
+
+
 def validate_config(config, num_devices: int | None = None, *, model_config: Any = None) -> None:
     """Check every field against the others and the model's dims; raise ConfigError on the first.
 
@@ -504,6 +538,7 @@ def validate_config(config, num_devices: int | None = None, *, model_config: Any
     if not isinstance(config.model.remat, bool):
         raise ConfigError("model.remat", config.model.remat, "True | False")
     check_quantization(config.model, model_config)
+    check_trained_params(config)
     _check_positive("sft.learning_rate", config.sft.learning_rate)
 
     num_devices = _device_count() if num_devices is None else num_devices

@@ -28,6 +28,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import flax.struct
 import jax
 
 from essa_jax.lora.adapter import ToLora, master_weights
@@ -90,3 +91,20 @@ def full_policy(params: Mapping[str, Any], subset: str = "full") -> tuple[Any, A
     subset)`, frozen adapter None, `no_lora`). Give the trainer `to_params=merge_weights` and the
     initial weights as its base (the frozen reference)."""
     return master_weights(select_weights(params, subset)), None, no_lora
+
+
+@flax.struct.dataclass
+class TrainedWeights:
+    """A full-parameter run's policy as the pipeline passes it around (evaluation, checkpoints,
+    export), where a LoRA run passes its adapter dict: the float32 masters of the trained
+    weights (`select_weights`' tree)."""
+
+    masters: Any
+
+
+def policy_inputs(policy: Any, base: Any) -> tuple[Any, Any]:
+    """(weights, lora) the model runs a pipeline policy with: a `TrainedWeights` merged into
+    `base` with no adapter; an adapter (or None) on `base` as it is."""
+    if isinstance(policy, TrainedWeights):
+        return merge_weights(policy.masters, base), None
+    return base, policy

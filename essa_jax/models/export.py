@@ -2,13 +2,15 @@
 
 `hf_state_dict` names every weight as transformers' Llama / Qwen2 / Mistral modules do, in their
 `[out, in]` layout (the loader's table, `loading.HF_LAYER_NAMES`, read backwards); `save_hf_dir`
-writes a checkpoint directory (the source's config.json and tokenizer files, the weights as
+writes a checkpoint directory (the source's config.json, or `hf_config_dict`, and tokenizer
+files, the weights as
 sharded safetensors with `model.safetensors.index.json`) that `transformers.AutoModelForCausalLM`
 and `load_hf_dir` load (tests/models/test_export.py).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 from collections.abc import Mapping
@@ -66,32 +68,72 @@ def hf_state_dict(params: Mapping[str, Any], config: ModelConfig) -> dict[str, n
     return out
 
 
+def hf_config_dict(config: ModelConfig, dtype: str = "float32") -> dict[str, Any]:
+    """A transformers `config.json` dict of `config` (the inverse of `ModelConfig.from_hf_dict`):
+    Qwen2 when the projections have biases, Mistral with a sliding window, else Llama."""
+    if config.attention_bias:
+        arch, model_type = "Qwen2ForCausalLM", "qwen2"
+    elif config.sliding_window is not None:
+        arch, model_type = "MistralForCausalLM", "mistral"
+    else:
+        arch, model_type = "LlamaForCausalLM", "llama"
+    eos = list(config.eos_token_ids)
+    out: dict[str, Any] = {
+        "architectures": [arch],
+        "model_type": model_type,
+        "vocab_size": config.vocab_size,
+        "hidden_size": config.hidden_size,
+        "intermediate_size": config.intermediate_size,
+        "num_hidden_layers": config.num_layers,
+        "num_attention_heads": config.num_heads,
+        "num_key_value_heads": config.num_kv_heads,
+        "head_dim": config.head_dim,
+        "hidden_act": "silu",
+        "rope_theta": config.rope_theta,
+        "rms_norm_eps": config.rms_norm_eps,
+        "tie_word_embeddings": config.tie_embeddings,
+        "max_position_embeddings": config.max_position_embeddings,
+        "bos_token_id": config.bos_token_id,
+        "eos_token_id": eos[0] if len(eos) == 1 else eos or None,
+        "pad_token_id": config.pad_token_id,
+        "torch_dtype": dtype,
+    }
+    if model_type == "mistral":
+        out["sliding_window"] = config.sliding_window
+    if model_type == "qwen2" and config.sliding_window is not None:
+        out.update(use_sliding_window=True, sliding_window=config.sliding_window)
+    if config.rope_scaling is not None:
+        out["rope_scaling"] = dataclasses.asdict(config.rope_scaling)
+    return out
+
+
 def save_hf_dir(
     path: str | Path,
     params: Mapping[str, Any],
     config: ModelConfig,
-    source_dir: str | Path,
-    *,
+    *sources: str | Path | None,
     max_shard_bytes: int = 2**30,
 ) -> list[Path]:
-    """Write `params` as a Hugging Face checkpoint in `path`: `source_dir`'s config.json (the
-    architecture is unchanged by training) and tokenizer files, the weights in the params' dtype
-    as safetensors shards of at most `max_shard_bytes` (one tensor may exceed it) with the index
+    """Write `params` as a Hugging Face checkpoint in `path`: config.json and the tokenizer files
+    of the first `sources` directory holding them (training leaves the architecture as it was;
+    without one, config.json is `hf_config_dict`), the weights in the params' dtype as
+    safetensors shards of at most `max_shard_bytes` (one tensor may exceed it) with the index
     transformers reads. Returns the files written.
-
-    Raises ValueError when `source_dir` has no config.json (a GGUF source: export from its
-    Hugging Face directory).
     """
     from safetensors.flax import save_file  # bfloat16 too (numpy cannot)
 
-    source, path = Path(source_dir), Path(path)
-    if not (source / "config.json").is_file():
-        raise ValueError(f"{source} has no config.json to export the architecture from")
+    path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
+    dirs = [Path(s) for s in sources if s and Path(s).is_dir()]
     written = []
     for name in ("config.json", *TOKENIZER_FILES):
-        if (source / name).is_file():
-            written.append(Path(shutil.copyfile(source / name, path / name)))
+        found = [d / name for d in dirs if (d / name).is_file()]
+        if found:
+            written.append(Path(shutil.copyfile(found[0], path / name)))
+    if not (path / "config.json").is_file():
+        dtype = str(np.dtype(jax.tree.leaves(params)[0].dtype))
+        (path / "config.json").write_text(json.dumps(hf_config_dict(config, dtype), indent=2))
+        written.append(path / "config.json")
     tensors = hf_state_dict(params, config)
     shards: list[dict[str, np.ndarray]] = [{}]
     size = 0

@@ -22,6 +22,7 @@ import jax.numpy as jnp
 
 from essa_jax import lora as lora_lib
 from essa_jax.config import grpo_config, search_seed
+from essa_jax.lora.full import TrainedWeights, merge_weights, no_lora
 from essa_jax.rl import FrozenPolicy, GRPOState, GRPOTrainer, on_mesh, place_base
 from essa_jax.train.rollouts import init_cursor, next_indices
 
@@ -61,8 +62,12 @@ class GRPOLoop:
             num_free=lora_lib.num_free_values(c.lora.rank, c.essa.alpha),
         )
         # The to_lora of the policy init_state builds (genome_policy / lora_policy); the trainer
-        # needs it now, before the SFT adapter exists.
-        if self.svd:
+        # needs it now, before the SFT adapter exists. train.params = "full" / "projections":
+        # the weights are trained (lora.full), the base stays the initial weights (KL reference).
+        self.full = c.train.params != "lora"
+        if self.full:
+            self.to_lora = no_lora
+        elif self.svd:
             self.to_lora = lora_lib.genome_to_lora(self.layout)
         else:
             self.to_lora = lora_lib.plain_to_lora
@@ -75,6 +80,7 @@ class GRPOLoop:
             decode=lambda ids: tok.decode(ids, skip_special_tokens=True),
             eos_token_ids=run.sampler.eos_token_ids,
             mesh=run.mesh,
+            to_params=merge_weights if self.full else None,
         )
         # Placed once: a jitted call would otherwise transfer the weights on every step.
         # The quantised base when model.quantize is set: rollouts, scores and updates all run on
@@ -83,8 +89,10 @@ class GRPOLoop:
         base = run.infer_params
         self.base = base if run.mesh is None else place_base(base, run.mesh, run.model_config)
 
-    def init_state(self, key: jax.Array, sft_lora: dict) -> GRPOLoopState:
-        if self.svd:
+    def init_state(self, key: jax.Array, sft_lora: Any) -> GRPOLoopState:
+        if self.full:  # the SFT weights' masters (`pipeline.initial_policy`, `train_sft`)
+            trainable, frozen = sft_lora.masters, None
+        elif self.svd:
             sft_lora = {t: sft_lora[t] for t in self.layout.targets}
             basis, layout = lora_lib.svd_factorize(sft_lora, self.run.config.essa.alpha)
             assert layout == self.layout, (layout, self.layout)
@@ -106,11 +114,15 @@ class GRPOLoop:
             return tree
         return jax.tree.map(jnp.asarray, jax.device_get(tree))
 
-    def policy_lora(self, state: GRPOLoopState) -> dict:
+    def policy_lora(self, state: GRPOLoopState) -> Any:
+        if self.full:
+            return TrainedWeights(self._local(state.grpo.params))
         return self.to_lora(self._local(state.grpo.params), self._local(state.frozen))
 
-    def export_lora(self, state: GRPOLoopState) -> dict:
+    def export_lora(self, state: GRPOLoopState) -> Any:
         params, frozen = self._local(state.grpo.params), self._local(state.frozen)
+        if self.full:
+            return TrainedWeights(params)
         if self.svd:
             return lora_lib.svd_lora_to_lora(frozen, self.layout, params)
         return params

@@ -42,6 +42,8 @@ from essa_jax.checkpointing import (
 )
 from essa_jax.config import RANDOM_PREFIX, search_seed, validate_config
 from essa_jax.evaluation import heldout_accuracy, heldout_pass_at_k
+from essa_jax.lora.full import TrainedWeights, full_policy, merge_weights, policy_inputs
+from essa_jax.models.export import save_hf_dir
 from essa_jax.train import summary as summary_lib
 from essa_jax.train.metrics import MetricsLogger, Progress
 from essa_jax.train.rollouts import PromptSet, Sampler, policy_sample_fn
@@ -236,14 +238,16 @@ def build_run(config, workdir: str, *, verbose: bool = True) -> Run:
 
 
 def evaluate_policy(run: Run, lora: Any) -> dict[str, Any]:
-    """Greedy held-out accuracy of the policy `lora` (None: the base model) on the run's inference
-    base (`Run.infer_params`: quantised when `model.quantize` is set), with its 95% CI and
-    per-problem `solved` string (`essa_jax.evaluation.heldout_accuracy`)."""
+    """Greedy held-out accuracy of the policy `lora` (None: the base model; `TrainedWeights`: a
+    full-parameter run's weights) on the run's inference base (`Run.infer_params`: quantised when
+    `model.quantize` is set), with its 95% CI and per-problem `solved` string
+    (`essa_jax.evaluation.heldout_accuracy`)."""
     data = run.heldout
+    params, lora = policy_inputs(lora, run.infer_params)
     sample = policy_sample_fn(
         run.sampler,
         run.tokenizer,
-        run.infer_params,
+        params,
         data,
         jax.random.PRNGKey(0),
         batch_size=run.config.eval.batch_size,
@@ -252,18 +256,29 @@ def evaluate_policy(run: Run, lora: Any) -> dict[str, Any]:
     return heldout_accuracy(sample, data.prompts, data.fields, run.reward_fn)
 
 
+def initial_policy(run: Run, key: jax.Array) -> Any:
+    """What SFT starts from (`config.train.params`): a fresh LoRA, or the base's weights as
+    float32 masters (`TrainedWeights`, full-parameter training, `lora.full`)."""
+    subset = run.config.train.params
+    if subset != "lora":
+        return TrainedWeights(full_policy(run.params, subset)[0])
+    # float32 whatever the model dtype: the trained adapter is a master copy (lora.master_weights).
+    return lora_lib.init_lora(key, run.model_config, run.lora_config, jnp.float32)
+
+
 def _sft(run: Run, key: jax.Array) -> tuple[dict, dict[str, Any]]:
-    """Train the SFT adapter; return it and its held-out accuracy."""
+    """Train the SFT adapter (or, with `train.params`, the weights); return it and its held-out
+    accuracy."""
     c = run.config
     t0 = time.perf_counter()
-    # float32 whatever the model dtype: the trained adapter is a master copy (lora.master_weights).
-    lora0 = lora_lib.init_lora(key, run.model_config, run.lora_config, jnp.float32)
+    lora0 = initial_policy(run, key)
+    full = isinstance(lora0, TrainedWeights)
 
     def log_fn(step: int, m: dict[str, float]) -> None:
         run.logger.write("sft", step, wall_s=time.perf_counter() - t0, tokens=0, **m)
 
     sft_lora = train_sft(
-        lora0,
+        lora0.masters if full else lora0,
         run.params,
         run.model_config,
         run.train,
@@ -273,7 +288,10 @@ def _sft(run: Run, key: jax.Array) -> tuple[dict, dict[str, Any]]:
         log_fn=log_fn,
         remat=bool(c.model.remat),
         mesh=run.mesh,
+        to_params=merge_weights if full else None,
     )
+    if full:
+        sft_lora = TrainedWeights(sft_lora)
     sft_s = time.perf_counter() - t0
     ev = evaluate_policy(run, sft_lora)
     base = evaluate_policy(run, None) if c.eval.base_model else None
@@ -359,13 +377,23 @@ def train_and_evaluate(config, workdir: str, *, resume: bool | None = None, verb
     pass_k = _pass_at_k(run, final_lora) if config.eval.pass_k_samples else {}
     summary = summary_lib.make_summary(config, meta, final, pass_k)
     summary["malformed_rows_skipped"] = run.malformed_skipped
-    if _is_main():
+    if _is_main() and isinstance(export, TrainedWeights):
+        # Full-parameter training: the trained model as a Hugging Face checkpoint.
+        save_hf_dir(
+            os.path.join(workdir, "model"),
+            merge_weights(export.masters, run.params),
+            run.model_config,
+            config.model.path,
+            config.model.tokenizer,
+        )
+    elif _is_main():
         lora_lib.export_peft(
             os.path.join(workdir, "adapter"),
             export,
             run.lora_config,
             base_model_name_or_path=config.model.path,
         )
+    if _is_main():
         summary_lib.write_summary(workdir, summary, verbose=run.verbose)
         title = f"{config.method} {config.task.name}"
         summary_lib.plot_run(workdir, run.logger.history, title=title)
@@ -393,8 +421,9 @@ def _final_eval(run: Run, lora: Any, meta: dict) -> dict[str, Any]:
 
 
 def _template(run: Run, loop, key: jax.Array) -> Any:
-    """A state with the structure of a checkpoint (built from a zero adapter: cheap, no SFT)."""
-    lora0 = lora_lib.init_lora(key, run.model_config, run.lora_config, jnp.float32)
+    """A state with the structure of a checkpoint (built from a zero adapter or the base's
+    weights: cheap, no SFT)."""
+    lora0 = initial_policy(run, key)
     if loop is None:
         return {"lora": lora0}
     return loop.init_state(key, lora0)
@@ -408,10 +437,11 @@ def _pass_at_k(run: Run, lora: Any) -> dict[str, Any]:
     correct counts (`pass_correct`, for paired comparisons)."""
     c = run.config.eval
     data = run.heldout.take(np.arange(min(c.pass_k_problems, len(run.heldout))))
+    params, lora = policy_inputs(lora, run.infer_params)
     sample = policy_sample_fn(
         run.sampler,
         run.tokenizer,
-        run.infer_params,
+        params,
         data,
         jax.random.PRNGKey(run.config.seed + 7),
         batch_size=c.batch_size,
