@@ -59,19 +59,26 @@ def select_weights(params: Mapping[str, Any], subset: str) -> dict[str, Any]:
     return jax.tree.map(lambda x: x, chosen)
 
 
+def compute_copy(trainable: Mapping[str, Any], base: Mapping[str, Any]) -> dict[str, Any]:
+    """`trainable` (a nested sub-dict of `base`) with each leaf cast to the base leaf's dtype:
+    the compute weights of float32 masters (bfloat16 on accelerators)."""
+    return {
+        k: compute_copy(v, base[k]) if isinstance(v, Mapping) else v.astype(base[k].dtype)
+        for k, v in trainable.items()
+    }
+
+
 def merge_weights(trainable: Mapping[str, Any], base: Mapping[str, Any]) -> dict[str, Any]:
     """`base` with the leaves of `trainable` (a nested sub-dict of it) in their place, each cast
     to the base leaf's dtype (the compute dtype: float32 masters -> bfloat16 weights at use).
 
     Differentiable in `trainable`: d loss / d master = d loss / d weight, cast back to float32.
     """
-    out = dict(base)
-    for k, v in trainable.items():
-        if isinstance(v, Mapping):
-            out[k] = merge_weights(v, base[k])
-        else:
-            out[k] = v.astype(base[k].dtype)
-    return out
+
+    def merge(t: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, Any]:
+        return {**b, **{k: merge(v, b[k]) if isinstance(v, Mapping) else v for k, v in t.items()}}
+
+    return merge(compute_copy(trainable, base), base)
 
 
 def model_weights(trainable: Any, base: Any, to_params: ToParams | None) -> Any:

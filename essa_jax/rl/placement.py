@@ -22,10 +22,13 @@ def one_device_mesh() -> Mesh:
     return make_mesh(pop=1, data=1, devices=jax.local_devices()[:1])
 
 
-def place_base(params: Any, mesh: Mesh, model_config: ModelConfig) -> Any:
+def place_base(
+    params: Any, mesh: Mesh, model_config: ModelConfig, *, shard_data: bool = False
+) -> Any:
     """Base weights on `mesh` for the data-parallel GRPO / SFT programs, once per run: split over
     the ``model`` axis (tensor parallel, `essa_jax.mesh.place_params`) and replicated over
-    ``data``. The programs are manual over ``data`` only and keep ``model`` Auto, so XLA runs the
-    layers tensor-parallel from the weights' shardings (docs/ARCHITECTURE.md, "Tensor
-    parallelism")."""
-    return place_params(params, mesh, model_config)
+    ``data``, or with `shard_data` (full-parameter training: the base is then only the KL
+    reference and the frozen leaves) split over ``data`` too. The programs are manual over
+    ``data`` only and keep ``model`` Auto, so XLA runs the layers tensor-parallel from the
+    weights' shardings (docs/ARCHITECTURE.md, "Tensor parallelism")."""
+    return place_params(params, mesh, model_config, shard_data=shard_data)

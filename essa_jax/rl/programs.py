@@ -24,15 +24,20 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from essa_jax.lora.adapter import ToLora
-from essa_jax.lora.full import ToParams, model_weights
+from essa_jax.lora.full import ToParams, compute_copy, model_weights
 from essa_jax.mesh import (
     DATA_AXIS,
+    MODEL_AXIS,
     axis_size,
     data_all_gather,
+    data_only,
     data_psum,
+    data_psum_scatter,
+    on_mesh,
     over_data,
     pad_to,
     padded_size,
+    param_specs,
 )
 from essa_jax.models.config import ModelConfig
 from essa_jax.models.generate import Generation, generate, generate_chunked, row_keys
@@ -75,12 +80,55 @@ class GRPOPrograms:
         self.eos_token_ids = tuple(eos_token_ids)
         self.mesh = mesh
         self.data = axis_size(mesh, DATA_AXIS)
+        # Full-parameter training on a data axis > 1: masters, AdamW state and gradients sharded
+        # over it (ZeRO / FSDP, `state_shardings`); adapters stay replicated (they are small).
+        self.shard_weights = to_params is not None and self.data > 1
         rows = NamedSharding(mesh, ROWS)
         self.rollout = jax.jit(self._rollout)
         self.score = jax.jit(self._score, static_argnames=("with_policy", "with_ref", "last"))
         self.update_step = jax.jit(self._update_step, static_argnames=("num_rows",))
         self.assemble = jax.jit(self._assemble, out_shardings=rows)
         self.take = jax.jit(self._take, out_shardings=rows)
+
+    def trainable_specs(self, trainable: Any) -> Any:
+        """`PartitionSpec`s of the trainable: `mesh.param_specs` over (``model``, ``data``) when
+        `shard_weights`, else replicated."""
+        if not self.shard_weights:
+            return jax.tree.map(lambda _: P(), trainable)
+        model = axis_size(self.mesh, MODEL_AXIS)
+        return param_specs(trainable, self.model_config, model, self.data)
+
+    def state_shardings(self, trainable: Any, opt_state: Any) -> tuple[Any, Any]:
+        """`NamedSharding`s of (trainable, optimiser state): each AdamW moment as its weight
+        (`optax.tree_map_params`), the step counters replicated. With `shard_weights` every
+        device holds 1/data of the float32 masters and of m and v (ZeRO-3's partition of the
+        optimiser state, parameters and gradients, Rajbhandari et al. 2020, arXiv 1910.02054)."""
+        specs = self.trainable_specs(trainable)
+        named = jax.tree.map(lambda s: NamedSharding(self.mesh, s), specs)
+        opt = optax.tree_map_params(
+            self.optimizer,
+            lambda _, sh: sh,
+            opt_state,
+            named,
+            transform_non_params=lambda _: NamedSharding(self.mesh, P()),
+        )
+        return named, opt
+
+    def place_state(self, trainable: Any, opt_state: Any) -> tuple[Any, Any]:
+        """(trainable, optimiser state) as global arrays with `state_shardings` (kept when they
+        have them already: only a fresh or restored state moves)."""
+        trainable, opt_state = on_mesh((trainable, opt_state), self.mesh)
+        if not self.shard_weights:
+            return trainable, opt_state
+        t_sh, o_sh = self.state_shardings(trainable, opt_state)
+        return jax.device_put(trainable, t_sh), jax.device_put(opt_state, o_sh)
+
+    def compute_weights(self, policy: FrozenPolicy, trainable: Any) -> Any:
+        """What a program's shard_map receives of the trainable: with `shard_weights` the masters
+        cast to the base's dtype outside it (`lora.full.compute_copy`, elementwise on the shards),
+        so entering the shard_map (replicated over ``data``) all-gathers bfloat16 weights, half
+        the bytes of the float32 masters; else the trainable as it is."""
+        return compute_copy(trainable, policy.base) if self.shard_weights else trainable
 
     def weights(self, policy: FrozenPolicy, trainable: Any) -> Any:
         """The weights the policy runs with: the base, or with full-parameter training
@@ -145,7 +193,7 @@ class GRPOPrograms:
 
         key_spec = P() if one_key else ROWS
         return over_data(body, self.mesh, (P(), P(), ROWS, ROWS, key_spec), ROWS)(
-            policy, trainable, tokens, mask, keys
+            policy, self.compute_weights(policy, trainable), tokens, mask, keys
         )
 
     # -- scoring
@@ -190,7 +238,7 @@ class GRPOPrograms:
             return out[0], out[1]
 
         return over_data(body, self.mesh, (P(), P(), ROWS, ROWS), (ROWS, ROWS))(
-            policy, trainable, tokens, attention_mask
+            policy, self.compute_weights(policy, trainable), tokens, attention_mask
         )
 
     # -- the loss and the update
@@ -246,10 +294,12 @@ class GRPOPrograms:
         def one(acc, xs):
             mb, w = xs
             (loss, aux), g = grad_fn(policy, trainable, mb)
-            acc = jax.tree.map(lambda a, gi: a + w.astype(gi.dtype) * gi, acc, g)
+            acc = jax.tree.map(lambda a, gi: a + w * gi.astype(a.dtype), acc, g)
             return acc, (loss, aux)
 
-        zero = jax.tree.map(jnp.zeros_like, trainable)
+        # float32 accumulators whatever the trainable's dtype (a sharded update differentiates the
+        # bfloat16 compute copy, `compute_weights`).
+        zero = jax.tree.map(lambda x: jnp.zeros(x.shape, jnp.float32), trainable)
         grads, (losses, auxs) = jax.lax.scan(one, zero, (micro, weights))
         return (losses, auxs), grads
 
@@ -308,6 +358,7 @@ class GRPOPrograms:
         cfg.check_micro_batch(num_rows, d)
         local = padded // d
         n = local // (cfg.micro_batch_size or local)
+        specs = self.trainable_specs(trainable)
 
         def body(policy, trainable, batch):
             if n * d == 1:
@@ -324,7 +375,10 @@ class GRPOPrograms:
             if d > 1:
                 mine = jax.lax.dynamic_slice_in_dim(weights, jax.lax.axis_index(DATA_AXIS) * n, n)
             (losses, auxs), grads = self._accumulate(policy, trainable, batch, mine)
-            grads = data_psum(grads, self.mesh)  # the one all-reduce of the update
+            if self.shard_weights:  # each device keeps its shard: one reduce-scatter
+                grads = data_psum_scatter(grads, specs, self.mesh)
+            else:
+                grads = data_psum(grads, self.mesh)  # the one all-reduce of the update
             losses, auxs = data_all_gather((losses, auxs), self.mesh)
             aux = combine_micro_batch_aux(auxs, masks, weights)
             if num_rows < padded:
@@ -337,11 +391,16 @@ class GRPOPrograms:
                 )
             return jnp.sum(weights * losses), aux, grads
 
-        loss, aux, grads = over_data(body, self.mesh, (P(), P(), ROWS), (P(), P(), P()))(
-            policy, trainable, batch
+        grad_specs = jax.tree.map(data_only, specs) if self.shard_weights else P()
+        loss, aux, grads = over_data(body, self.mesh, (P(), P(), ROWS), (P(), P(), grad_specs))(
+            policy, self.compute_weights(policy, trainable), batch
         )
         updates, opt_state = self.optimizer.update(grads, opt_state, trainable)
         trainable = optax.apply_updates(trainable, updates)
+        if self.shard_weights:  # the new state keeps the old one's shards
+            t_sh, o_sh = self.state_shardings(trainable, opt_state)
+            trainable = jax.lax.with_sharding_constraint(trainable, t_sh)
+            opt_state = jax.lax.with_sharding_constraint(opt_state, o_sh)
         metrics = {
             **aux,
             "loss": loss,

@@ -236,7 +236,8 @@ class GRPOTrainer(GRPOPrograms):
         key, k_roll, k_shuffle = jax.random.split(key, 3)
         # Host values every process holds identically -> global arrays (nothing travels); the
         # base weights should come placed already (`place_base`), then this keeps them.
-        policy, params, opt_state = on_mesh((policy, state.params, state.opt_state), mesh)
+        policy = on_mesh(policy, mesh)
+        params, opt_state = self.place_state(state.params, state.opt_state)
         tokens, mask, k_roll = on_mesh(
             (
                 np.asarray(prompt_tokens, np.int32),

@@ -87,7 +87,9 @@ class GRPOLoop:
         # it (QLoRA-style: the gradient reaches the adapter through the dequantised kernels), so
         # the policy that samples is the one that is scored (on-policy ratios).
         base = run.infer_params
-        self.base = base if run.mesh is None else place_base(base, run.mesh, run.model_config)
+        if run.mesh is not None:
+            base = place_base(base, run.mesh, run.model_config, shard_data=self.full)
+        self.base = base
 
     def init_state(self, key: jax.Array, sft_lora: Any) -> GRPOLoopState:
         if self.full:  # the SFT weights' masters (`pipeline.initial_policy`, `train_sft`)

@@ -53,8 +53,9 @@ def _max_diff(a, b):
 
 # Adam divides each gradient by its own magnitude, so a weight whose gradient is ~0 (norm entries,
 # embedding rows of unsampled tokens) turns summation-order rounding into a step of order lr; the
-# layout tests use plain SGD after the same clipping, whose step is linear in the gradient.
-SGD = optax.chain(optax.clip_by_global_norm(1.0), optax.sgd(0.5))
+# layout tests use SGD with momentum after the same clipping, whose step is linear in the gradient
+# (and whose momentum is a param-shaped optimiser state, sharded as the weights).
+SGD = optax.chain(optax.clip_by_global_norm(1.0), optax.sgd(0.5, momentum=0.9))
 
 
 def _grpo_step(params, subset, mesh, cfg, num_prompts=3, optimizer=None):
@@ -71,7 +72,7 @@ def _grpo_step(params, subset, mesh, cfg, num_prompts=3, optimizer=None):
         mesh=mesh,
         optimizer=optimizer,
     )
-    policy = FrozenPolicy(place_base(params, mesh, CONFIG), frozen)
+    policy = FrozenPolicy(place_base(params, mesh, CONFIG, shard_data=True), frozen)
     state = trainer.init(trainable, jax.random.key(3))
     new, m = trainer.step(state, policy, toks, jnp.ones_like(toks), texts)
     return trainable, new, m
@@ -100,6 +101,12 @@ def test_full_grpo_update_is_the_same_on_1_8_and_4x2_devices(params):
     assert m1["kl"] > 0  # the second mini-batch sees weights off the reference
     for name in ("8", "4x2"):
         _, p, m = out[name]
+        # ZeRO: the new masters and AdamW moments stay split over data (here: the q kernel's d).
+        for leaf in (
+            p.params["layers"]["q"]["kernel"],
+            p.opt_state[1][0].trace["layers"]["q"]["kernel"],
+        ):
+            assert "data" in leaf.sharding.spec, (name, leaf.sharding)
         assert _max_diff(p.params, p1.params) < 5e-6, name
         np.testing.assert_allclose(m["loss"], m1["loss"], rtol=1e-4, atol=1e-7)
 
@@ -193,3 +200,60 @@ def test_float32_masters_keep_a_1e_6_step_that_bfloat16_rounds_away(params):
     assert set(select_weights(params, "full")) == set(params)
     with pytest.raises(ValueError, match="valid are"):
         select_weights(params, "embeddings")
+
+
+def test_weights_and_optimizer_state_per_device_fall_as_1_over_data(params):
+    """ZeRO / FSDP over ``data``: the compiled update's per-device argument and output bytes
+    (base, float32 masters, AdamW m and v, the batch's rows) fall as 1 / data
+    (`memory_analysis`, XLA's buffer assignment)."""
+    from essa_jax.rl import RolloutBatch
+
+    cfg = GRPOConfig(group_size=GROUP, max_new_tokens=4, beta=0.05)
+    trainable, frozen, to_lora = full_policy(params, "full")
+    rows, t = 16, 7
+
+    def compiled(data):
+        mesh = make_mesh(pop=1, data=data, devices=jax.devices()[:data])
+        trainer = GRPOTrainer(
+            CONFIG,
+            cfg,
+            to_lora=to_lora,
+            to_params=merge_weights,
+            reward_fn=parity_reward,
+            decode=decode,
+            mesh=mesh,
+        )
+        opt = jax.eval_shape(trainer.optimizer.init, trainable)
+        t_sh, o_sh = trainer.state_shardings(trainable, opt)
+
+        def abstract(tree, shardings):
+            return jax.tree.map(
+                lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings
+            )
+
+        base = jax.eval_shape(lambda p: p, params)
+        policy = FrozenPolicy(abstract(base, t_sh), frozen)  # the base placed as the masters
+        rows_sh = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data"))
+        shape = lambda s, dt: jax.ShapeDtypeStruct(s, dt, sharding=rows_sh)  # noqa: E731
+        batch = RolloutBatch(
+            tokens=shape((rows, t), jnp.int32),
+            attention_mask=shape((rows, t), jnp.int32),
+            completion_mask=shape((rows, 4), jnp.float32),
+            advantages=shape((rows,), jnp.float32),
+            ref_logp=shape((rows, 4), jnp.float32),
+        )
+        lowered = trainer.update_step.lower(
+            policy, abstract(trainable, t_sh), abstract(opt, o_sh), batch, num_rows=rows
+        )
+        return lowered.compile().memory_analysis()
+
+    one = compiled(1)
+    # masters + m + v on the one device (the base is no argument: every leaf is trained and the
+    # reference log-probs come with the batch, so XLA drops it).
+    state = sum(x.size * 4 for x in jax.tree.leaves(params)) * 3
+    assert one.argument_size_in_bytes >= state
+    for n in (2, 4, 8):
+        m = compiled(n)
+        # Only the scalars (AdamW's count) and nothing else stay whole: 1 / n to a few bytes.
+        assert m.argument_size_in_bytes <= one.argument_size_in_bytes / n + 64, n
+        assert m.output_size_in_bytes <= one.output_size_in_bytes / n + 1024, n
