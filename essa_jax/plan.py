@@ -347,7 +347,13 @@ def _programs(config, mc, target: Target) -> list[_Program]:
 
     # SFT: prompt + reference answer, at most max_prompt_tokens + max_new_tokens long.
     if config.method == "sft" or config.sft.steps > 0:
-        programs.append(_sft_program(config, mc, base, lora_shape, rep, mesh, tp + new))
+        sft_trainable = lora_shape
+        if config.train.params != "lora":  # full-parameter SFT: the weights' float32 masters
+            from essa_jax.lora.full import full_policy
+
+            subset = config.train.params
+            sft_trainable = jax.eval_shape(lambda p: full_policy(p, subset)[0], params_shape)
+        programs.append(_sft_program(config, mc, base, sft_trainable, rep, mesh, tp + new))
 
     if config.method == "essa":
         programs.append(_essa_program(config, mc, infer_shape, lora_shape, target, tp, new, eos))
@@ -396,6 +402,7 @@ def _sft_program(config, mc, base, lora_shape, rep, mesh, seq_len) -> _Program:
     import jax.numpy as jnp
     from jax.sharding import NamedSharding, PartitionSpec
 
+    from essa_jax.lora.full import merge_weights
     from essa_jax.mesh import DATA_AXIS, axis_size, padded_size
     from essa_jax.train.sft import make_optimizer, sft_step
 
@@ -425,6 +432,7 @@ def _sft_program(config, mc, base, lora_shape, rep, mesh, seq_len) -> _Program:
             remat=_remat(config),
             micro_batch_size=micro,
             mesh=mesh,
+            to_params=None if config.train.params == "lora" else merge_weights,
         )
 
     per_device = padded // data
@@ -501,12 +509,19 @@ def _grpo_programs(config, mc, base, lora_shape, rep, mesh, tp, new, eos) -> lis
 
     from essa_jax import lora as lora_lib
     from essa_jax.config import grpo_config
-    from essa_jax.mesh import DATA_AXIS, axis_size, padded_size
+    from essa_jax.lora.full import full_policy, merge_weights, no_lora
+    from essa_jax.mesh import DATA_AXIS, axis_size, padded_size, place_params
     from essa_jax.rl import FrozenPolicy, GRPOTrainer, RolloutBatch
 
     c = config
     cfg = grpo_config(c)
-    if c.method == "svdgrpo":
+    full = c.train.params != "lora"
+    if full:  # the weights' float32 masters; the base split over data too (as train/grpo.py)
+        to_lora, frozen = no_lora, None
+        trainable = jax.eval_shape(lambda p: full_policy(p, c.train.params)[0], base)
+        if mesh is not None:
+            base = place_params(base, mesh, mc, shard_data=True)
+    elif c.method == "svdgrpo":
         basis, layout = lora_lib.basis_shape(lora_shape, float(c.essa.alpha))
         to_lora = lora_lib.genome_to_lora(layout)
         frozen = _abstract(basis, rep)
@@ -522,9 +537,20 @@ def _grpo_programs(config, mc, base, lora_shape, rep, mesh, tp, new, eos) -> lis
         decode=str,
         eos_token_ids=eos,
         mesh=mesh,
+        to_params=merge_weights if full else None,
     )
     policy = FrozenPolicy(base=base, adapter=frozen)
-    opt_state = _abstract(jax.eval_shape(trainer.optimizer.init, trainable), rep)
+    opt_state = jax.eval_shape(trainer.optimizer.init, trainable)
+    if full:  # ZeRO over data: the run's `GRPOPrograms.place_state`
+        t_sh, o_sh = trainer.state_shardings(trainable, opt_state)
+        trainable = jax.tree.map(
+            lambda x, sh: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh), trainable, t_sh
+        )
+        opt_state = jax.tree.map(
+            lambda x, sh: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh), opt_state, o_sh
+        )
+    else:
+        opt_state = _abstract(opt_state, rep)
     num_prompts = int(c.grpo.batch_size) // int(c.grpo.group_size)
     rows, seq = int(c.grpo.batch_size), tp + new
     mb = rows // int(c.grpo.num_minibatches)
