@@ -30,6 +30,7 @@ from essa_jax.mesh import (
     MODEL_AXIS,
     axis_size,
     data_all_gather,
+    data_dim,
     data_only,
     data_psum,
     data_psum_scatter,
@@ -283,10 +284,17 @@ class GRPOPrograms:
         trainable: Any,
         batch: RolloutBatch,
         weights: jax.Array,
+        specs: Any = None,
     ) -> tuple[tuple[jax.Array, dict[str, jax.Array]], Any]:
         """((losses [n], auxs [n]), sum_i w_i grad_i) of one device's rows [b, ...] split into
         n contiguous micro-batches under `lax.scan` (one micro-batch's activations alive at a
-        time), `weights` [n] those of `micro_batch_weights`."""
+        time), `weights` [n] those of `micro_batch_weights`.
+
+        `specs` (inside `over_data`, `shard_weights`): each weighted micro-batch gradient is
+        reduce-scattered over ``data`` as it is made (`mesh.data_psum_scatter`, FSDP's
+        reduce-scatter per micro-batch), so the float32 accumulator is this device's 1/data
+        shard of every leaf and the sum over devices is done; None: the local sum.
+        """
         grad_fn = jax.value_and_grad(self.loss, argnums=1, has_aux=True)
         n = weights.shape[0]
         micro = jax.tree.map(lambda x: x.reshape(n, -1, *x.shape[1:]), batch)
@@ -294,13 +302,21 @@ class GRPOPrograms:
         def one(acc, xs):
             mb, w = xs
             (loss, aux), g = grad_fn(policy, trainable, mb)
-            acc = jax.tree.map(lambda a, gi: a + w * gi.astype(a.dtype), acc, g)
-            return acc, (loss, aux)
+            g = jax.tree.map(lambda gi: w * gi.astype(jnp.float32), g)
+            if specs is not None:
+                g = data_psum_scatter(g, specs, self.mesh)
+            return jax.tree.map(jnp.add, acc, g), (loss, aux)
 
         # float32 accumulators whatever the trainable's dtype (a sharded update differentiates the
-        # bfloat16 compute copy, `compute_weights`).
-        zero = jax.tree.map(lambda x: jnp.zeros(x.shape, jnp.float32), trainable)
-        grads, (losses, auxs) = jax.lax.scan(one, zero, (micro, weights))
+        # bfloat16 compute copy, `compute_weights`), of the shard's shape when scattered.
+        def zero(x: jax.Array, spec: Any) -> jax.Array:
+            shape = list(x.shape)
+            if specs is not None and (k := data_dim(spec)) is not None:
+                shape[k] //= self.data
+            return jnp.zeros(shape, jnp.float32)
+
+        zeros = jax.tree.map(zero, trainable, specs if specs is not None else trainable)
+        grads, (losses, auxs) = jax.lax.scan(one, zeros, (micro, weights))
         return (losses, auxs), grads
 
     def loss_and_grad(
@@ -374,10 +390,10 @@ class GRPOPrograms:
             mine = weights
             if d > 1:
                 mine = jax.lax.dynamic_slice_in_dim(weights, jax.lax.axis_index(DATA_AXIS) * n, n)
-            (losses, auxs), grads = self._accumulate(policy, trainable, batch, mine)
-            if self.shard_weights:  # each device keeps its shard: one reduce-scatter
-                grads = data_psum_scatter(grads, specs, self.mesh)
+            if self.shard_weights:  # reduce-scattered per micro-batch: each device its shard
+                (losses, auxs), grads = self._accumulate(policy, trainable, batch, mine, specs)
             else:
+                (losses, auxs), grads = self._accumulate(policy, trainable, batch, mine)
                 grads = data_psum(grads, self.mesh)  # the one all-reduce of the update
             losses, auxs = data_all_gather((losses, auxs), self.mesh)
             aux = combine_micro_batch_aux(auxs, masks, weights)
