@@ -14,43 +14,23 @@ weights of a program are 65.5 / 4 = 16 GB per device. Which of 16 / 32 / 64 x 80
 smallest that fits has not been planned yet (`make plan`).
 """
 
-from essa_jax.config import UNSET, base_config
-from essa_jax.data import PAPER_SYSTEM_PROMPT
+import os
+
+from essa_jax.config import load_config_file
+
+
+def _sibling(name: str):
+    return load_config_file(os.path.join(os.path.dirname(__file__), name))
 
 
 def get_config():
-    c = base_config()
-    c.method = "grpo"
-    c.train.params = "full"
-    c.model.path = UNSET  # /path/to/Qwen2.5-32B
-    c.model.name = "Qwen2.5-32B"  # its shape, for the plan (essa_jax.plan)
-    c.model.dtype = "bfloat16"
-    c.task.name = "prm800k"
-    c.task.path = UNSET  # /path/to/prm800k problems (MATH-style: problem, answer / solution)
-    c.task.prompt_format = "chat"
-    c.task.system_prompt = PAPER_SYSTEM_PROMPT
-    c.task.num_train = 12000
-    c.task.num_heldout = 500
-    c.task.max_prompt_tokens = 512
-    c.sft.steps = 0
+    c = _sibling("grpo_qwen2p5_7b_gsm8k.py")  # the GRPO settings, every weight trained
+    essa = _sibling("essa_qwen2p5_32b_prm800k.py")  # the model, task and lengths
+    c.model.path, c.model.name = essa.model.path, essa.model.name
+    c.task = essa.task
+    c.generation.max_new_tokens = essa.generation.max_new_tokens
     c.grpo.steps = 300
-    c.grpo.batch_size = 512  # 64 prompts x N = 8
-    c.grpo.group_size = 8
-    c.grpo.learning_rate = 1e-6
-    c.grpo.weight_decay = 0.01
-    c.grpo.max_grad_norm = 1.0
-    c.grpo.loss = "grpo"
-    c.grpo.eps_low = 0.2
-    c.grpo.eps_high = 0.2
-    c.grpo.agg = "token_mean"
-    c.grpo.beta = 0.0
-    c.grpo.temperature = 1.0
-    c.generation.max_new_tokens = 1024
-    c.mesh.model = 4
-    c.model.remat = True
+    c.mesh.model = essa.mesh.model  # 4: tensor parallel, ZeRO over the data axis
     c.grpo.rows_per_chunk = 32
     c.grpo.micro_batch_size = 2
-    c.eval.every = 10
-    c.eval.batch_size = 250
-    c.checkpoint.every = 10
     return c

@@ -13,46 +13,32 @@ essa_qwen2p5_7b_gsm8k.py. GRPO starts from the model itself (sft.steps = 0). The
 trained model as a Hugging Face checkpoint (workdir/model).
 """
 
-from essa_jax.config import UNSET, base_config
-from essa_jax.data import PAPER_SYSTEM_PROMPT
+import os
+
+from essa_jax.config import load_config_file
+
+
+def _sibling(name: str):
+    return load_config_file(os.path.join(os.path.dirname(__file__), name))
 
 
 def get_config():
-    c = base_config()
+    # F-GRPO's verl settings, every weight trained (train.params = "full"), gamma 0 = GRPO ...
+    c = _sibling("fgrpo_qwen2p5_7b_deepscaler.py")
     c.method = "grpo"
-    c.train.params = "full"  # every weight: float32 masters + AdamW state, sharded over data
-    c.model.path = UNSET  # /path/to/Qwen2.5-Math-7B
-    c.model.name = "Qwen2.5-Math-7B"  # its shape, for the plan (essa_jax.plan)
-    c.model.dtype = "bfloat16"
-    c.task.name = "gsm8k"
-    c.task.path = UNSET  # /path/to/gsm8k train file
-    c.task.prompt_format = "chat"
-    c.task.system_prompt = PAPER_SYSTEM_PROMPT
-    c.task.num_train = 7473
-    c.task.num_heldout = 500
-    c.task.max_prompt_tokens = 384
-    c.sft.steps = 0
+    c.grpo.focal_gamma = 0.0
     c.grpo.steps = 200
-    c.grpo.batch_size = 512  # 64 prompts x N = 8
-    c.grpo.group_size = 8
-    c.grpo.learning_rate = 1e-6
-    c.grpo.weight_decay = 0.01
-    c.grpo.max_grad_norm = 1.0
-    c.grpo.loss = "grpo"
-    c.grpo.eps_low = 0.2
-    c.grpo.eps_high = 0.2
-    c.grpo.agg = "token_mean"
-    c.grpo.beta = 0.0
-    c.grpo.temperature = 1.0
-    c.generation.max_new_tokens = 512
-    # Memory (8 x 80 GB, not yet planned by `make plan`): each device generates its 64 rollouts
-    # in one chunk and accumulates the update over micro-batches of 4 rows with remat; 1/8 of the
-    # masters, AdamW state and base per device (13 GB), the gathered bf16 weights (15 GB) and one
-    # micro-batch's bf16 gradient (15 GB) during the update.
-    c.model.remat = True
-    c.grpo.rows_per_chunk = 64
-    c.grpo.micro_batch_size = 4
-    c.eval.every = 10
-    c.eval.batch_size = 250
-    c.checkpoint.every = 10
+    # ... on the ESSA paper's model, task and lengths (essa_qwen2p5_7b_gsm8k.py).
+    essa = _sibling("essa_qwen2p5_7b_gsm8k.py")
+    c.model.path, c.model.name = essa.model.path, essa.model.name
+    c.task = essa.task
+    c.generation.max_new_tokens = essa.generation.max_new_tokens
+    c.eval.every, c.eval.batch_size = essa.eval.every, essa.eval.batch_size
+    c.eval.pass_k_samples = 0  # accuracy, as the ESSA paper reports
+    c.checkpoint.every = essa.checkpoint.every
+    # Memory (8 x 80 GB; `make plan`, 2026-12-05: the update 68.4 GB, the rollout 40.3 GB per
+    # device): each device generates its 64 rollouts in one chunk and accumulates the update
+    # over micro-batches of 4 rows with remat (the deepscaler config's settings); 1/8 of the
+    # masters and AdamW state per device (11.4 GB), the gathered bf16 weights (15 GB) and one
+    # micro-batch's bf16 gradient during the update.
     return c
