@@ -437,3 +437,19 @@ def allgather_owned(values: np.ndarray, owned: np.ndarray) -> np.ndarray:
     if not np.all(own.sum(axis=0) == 1):
         raise RuntimeError("rows generated on the mesh were read back by none or several processes")
     return np.where(own, vals, 0).sum(axis=0)
+
+
+def host_copy(tree: Any) -> Any:
+    """Every leaf of `tree` whole on this host (numpy): `device_get` of what this process can
+    address, and an all-gather across processes of leaves split over several processes' devices
+    (full-parameter training's ZeRO state, `rl.programs`); collective when any leaf needs it, so
+    every process calls it with the same tree."""
+
+    def whole(x: Any) -> Any:
+        if isinstance(x, jax.Array) and not x.is_fully_addressable:
+            from jax.experimental import multihost_utils
+
+            return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+        return np.asarray(jax.device_get(x))
+
+    return jax.tree.map(whole, tree)

@@ -23,6 +23,7 @@ import jax.numpy as jnp
 from essa_jax import lora as lora_lib
 from essa_jax.config import grpo_config, search_seed
 from essa_jax.lora.full import TrainedWeights, merge_weights, no_lora
+from essa_jax.mesh import host_copy
 from essa_jax.rl import FrozenPolicy, GRPOState, GRPOTrainer, on_mesh, place_base
 from essa_jax.train.rollouts import init_cursor, next_indices
 
@@ -114,7 +115,7 @@ class GRPOLoop:
         device); as it is without a mesh."""
         if self.run.mesh is None:
             return tree
-        return jax.tree.map(jnp.asarray, jax.device_get(tree))
+        return jax.tree.map(jnp.asarray, host_copy(tree))  # ZeRO state: gathered across processes
 
     def policy_lora(self, state: GRPOLoopState) -> Any:
         if self.full:

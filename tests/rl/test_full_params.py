@@ -10,9 +10,10 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from test_data_parallel import _max_diff, _meshes, decode, parity_reward
 from toy_model import TOY_CONFIG as CONFIG
 
-from essa_jax.lora.full import full_policy, merge_weights, select_weights
+from essa_jax.lora.full import full_policy, merge_weights, no_lora, select_weights
 from essa_jax.mesh import make_mesh
 from essa_jax.models import init_params
 from essa_jax.rl import FrozenPolicy, GRPOConfig, GRPOTrainer, adamw, place_base
@@ -22,33 +23,23 @@ from essa_jax.train.sft import train_sft
 GROUP = 4
 
 
-def _meshes():
-    return {
-        "1": make_mesh(pop=1, data=1, devices=jax.devices()[:1]),
-        "8": make_mesh(pop=1, data=8),
-        "4x2": make_mesh(pop=1, data=4, model=2),
-    }
-
-
-def decode(ids):
-    return " ".join(str(i) for i in ids)
-
-
-def parity_reward(prompts, completions, **fields):
-    return [float(sum(map(int, c.split())) % 2 == 0) for c in completions]
-
-
 @pytest.fixture(scope="module")
 def params():
     return jax.jit(init_params, static_argnums=1)(jax.random.key(0), CONFIG)
 
 
-def _leaves(tree):
-    return [np.asarray(x) for x in jax.tree.leaves(jax.device_get(tree))]
-
-
-def _max_diff(a, b):
-    return max(float(np.abs(x - y).max()) for x, y in zip(_leaves(a), _leaves(b), strict=True))
+def _trainer(cfg, mesh=None, optimizer=None):
+    """A full-parameter GRPOTrainer of the toy model (`lora.full`: every weight trained)."""
+    return GRPOTrainer(
+        CONFIG,
+        cfg,
+        to_lora=no_lora,
+        to_params=merge_weights,
+        reward_fn=parity_reward,
+        decode=decode,
+        mesh=mesh,
+        optimizer=optimizer,
+    )
 
 
 # Adam divides each gradient by its own magnitude, so a weight whose gradient is ~0 (norm entries,
@@ -61,20 +52,11 @@ SGD = optax.chain(optax.clip_by_global_norm(1.0), optax.sgd(0.5, momentum=0.9))
 def _grpo_step(params, subset, mesh, cfg, num_prompts=3, optimizer=None):
     toks = jax.random.randint(jax.random.key(2), (num_prompts, 3), 3, 16).astype(jnp.int32)
     texts = [f"p{i}" for i in range(num_prompts)]
-    trainable, frozen, to_lora = full_policy(params, subset)
-    trainer = GRPOTrainer(
-        CONFIG,
-        cfg,
-        to_lora=to_lora,
-        to_params=merge_weights,
-        reward_fn=parity_reward,
-        decode=decode,
-        mesh=mesh,
-        optimizer=optimizer,
-    )
+    trainable, frozen, _ = full_policy(params, subset)
+    trainer = _trainer(cfg, mesh, optimizer)
     policy = FrozenPolicy(place_base(params, mesh, CONFIG, shard_data=True), frozen)
     state = trainer.init(trainable, jax.random.key(3))
-    new, m = trainer.step(state, policy, toks, jnp.ones_like(toks), texts)
+    new, m = trainer.step(state, policy, toks, jnp.ones_like(toks), texts, answer=texts)
     return trainable, new, m
 
 
@@ -126,15 +108,8 @@ def test_projections_subset_trains_only_the_projections(params):
 def test_kl_reference_is_the_initial_weights(params):
     """The reference log-probs of a trained policy are the initial model's, not its own."""
     cfg = GRPOConfig(group_size=GROUP, max_new_tokens=4, temperature=0.9, beta=0.1)
-    trainable, frozen, to_lora = full_policy(params, "full")
-    trainer = GRPOTrainer(
-        CONFIG,
-        cfg,
-        to_lora=to_lora,
-        to_params=merge_weights,
-        reward_fn=parity_reward,
-        decode=decode,
-    )
+    trainable, frozen, _ = full_policy(params, "full")
+    trainer = _trainer(cfg)
     moved = jax.tree.map(lambda x: x * 1.5, trainable)
     toks = jax.random.randint(jax.random.key(5), (4, 6), 3, 16).astype(jnp.int32)
     attn = jnp.ones_like(toks)
@@ -209,20 +184,12 @@ def test_weights_and_optimizer_state_per_device_fall_as_1_over_data(params):
     from essa_jax.rl import RolloutBatch
 
     cfg = GRPOConfig(group_size=GROUP, max_new_tokens=4, beta=0.05)
-    trainable, frozen, to_lora = full_policy(params, "full")
+    trainable, frozen, _ = full_policy(params, "full")
     rows, t = 16, 7
 
     def compiled(data):
         mesh = make_mesh(pop=1, data=data, devices=jax.devices()[:data])
-        trainer = GRPOTrainer(
-            CONFIG,
-            cfg,
-            to_lora=to_lora,
-            to_params=merge_weights,
-            reward_fn=parity_reward,
-            decode=decode,
-            mesh=mesh,
-        )
+        trainer = _trainer(cfg, mesh)
         opt = jax.eval_shape(trainer.optimizer.init, trainable)
         t_sh, o_sh = trainer.state_shardings(trainable, opt)
 
