@@ -7,11 +7,21 @@ from __future__ import annotations
 from typing import Any
 
 import jax
-from jax.sharding import Mesh
+import optax
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
-from essa_jax.mesh import make_mesh, on_mesh, place_params
+from essa_jax.mesh import (
+    DATA_AXIS,
+    MODEL_AXIS,
+    axis_size,
+    make_mesh,
+    on_mesh,
+    param_specs,
+    place_params,
+)
 
-__all__ = ["on_mesh", "one_device_mesh", "place_base"]
+__all__ = ["on_mesh", "one_device_mesh", "place_base", "zero_placement", "zero_specs"]
 from essa_jax.models.config import ModelConfig
 
 
@@ -32,3 +42,34 @@ def place_base(
     ``data`` only and keep ``model`` Auto, so XLA runs the layers tensor-parallel from the
     weights' shardings (docs/ARCHITECTURE.md, "Tensor parallelism")."""
     return place_params(params, mesh, model_config, shard_data=shard_data)
+
+
+def zero_specs(trainable: Any, mesh: Mesh, model_config: ModelConfig) -> Any:
+    """`PartitionSpec`s of full-parameter training's trainable on `mesh`: `mesh.param_specs` over
+    (``model``, ``data``), each of the data devices holding 1/data of every leaf it can split
+    (ZeRO, Rajbhandari et al. 2020, arXiv 1910.02054; docs/ARCHITECTURE.md, "Full-parameter
+    training")."""
+    model, data = axis_size(mesh, MODEL_AXIS), axis_size(mesh, DATA_AXIS)
+    return param_specs(trainable, model_config, model, data)
+
+
+def zero_placement(
+    trainable: Any,
+    opt_state: Any,
+    optimizer: optax.GradientTransformation,
+    mesh: Mesh,
+    model_config: ModelConfig,
+) -> tuple[Any, Any]:
+    """`NamedSharding`s of (trainable, optimiser state) split as `zero_specs`: each AdamW moment
+    as its weight (`optax.tree_map_params`), the step counters replicated."""
+    named = jax.tree.map(
+        lambda s: NamedSharding(mesh, s), zero_specs(trainable, mesh, model_config)
+    )
+    opt = optax.tree_map_params(
+        optimizer,
+        lambda _, sh: sh,
+        opt_state,
+        named,
+        transform_non_params=lambda _: NamedSharding(mesh, P()),
+    )
+    return named, opt

@@ -27,7 +27,6 @@ from essa_jax.lora.adapter import ToLora
 from essa_jax.lora.full import ToParams, compute_copy, model_weights
 from essa_jax.mesh import (
     DATA_AXIS,
-    MODEL_AXIS,
     axis_size,
     data_all_gather,
     data_dim,
@@ -38,13 +37,13 @@ from essa_jax.mesh import (
     over_data,
     pad_to,
     padded_size,
-    param_specs,
 )
 from essa_jax.models.config import ModelConfig
 from essa_jax.models.generate import Generation, generate, generate_chunked, row_keys
 from essa_jax.models.logprobs import sequence_logprobs
 from essa_jax.rl.config import GRPOConfig
 from essa_jax.rl.losses import combine_micro_batch_aux, micro_batch_weights, policy_loss
+from essa_jax.rl.placement import zero_placement, zero_specs
 from essa_jax.rl.state import FrozenPolicy, RolloutBatch
 
 ROWS = P(DATA_AXIS)
@@ -92,28 +91,17 @@ class GRPOPrograms:
         self.take = jax.jit(self._take, out_shardings=rows)
 
     def trainable_specs(self, trainable: Any) -> Any:
-        """`PartitionSpec`s of the trainable: `mesh.param_specs` over (``model``, ``data``) when
-        `shard_weights`, else replicated."""
+        """`PartitionSpec`s of the trainable: `rl.placement.zero_specs` (over ``model`` and
+        ``data``) when `shard_weights`, else replicated."""
         if not self.shard_weights:
             return jax.tree.map(lambda _: P(), trainable)
-        model = axis_size(self.mesh, MODEL_AXIS)
-        return param_specs(trainable, self.model_config, model, self.data)
+        return zero_specs(trainable, self.mesh, self.model_config)
 
     def state_shardings(self, trainable: Any, opt_state: Any) -> tuple[Any, Any]:
-        """`NamedSharding`s of (trainable, optimiser state): each AdamW moment as its weight
-        (`optax.tree_map_params`), the step counters replicated. With `shard_weights` every
-        device holds 1/data of the float32 masters and of m and v (ZeRO-3's partition of the
-        optimiser state, parameters and gradients, Rajbhandari et al. 2020, arXiv 1910.02054)."""
-        specs = self.trainable_specs(trainable)
-        named = jax.tree.map(lambda s: NamedSharding(self.mesh, s), specs)
-        opt = optax.tree_map_params(
-            self.optimizer,
-            lambda _, sh: sh,
-            opt_state,
-            named,
-            transform_non_params=lambda _: NamedSharding(self.mesh, P()),
-        )
-        return named, opt
+        """`NamedSharding`s of (trainable, optimiser state) with `shard_weights`: every device
+        holds 1/data of the float32 masters and of AdamW's m and v (`rl.placement.zero_placement`:
+        ZeRO's partition of the optimiser state, parameters and gradients)."""
+        return zero_placement(trainable, opt_state, self.optimizer, self.mesh, self.model_config)
 
     def place_state(self, trainable: Any, opt_state: Any) -> tuple[Any, Any]:
         """(trainable, optimiser state) as global arrays with `state_shardings` (kept when they

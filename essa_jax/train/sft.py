@@ -28,11 +28,14 @@ from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
 from essa_jax.lora.adapter import master_weights
-from essa_jax.lora.full import ToParams, model_weights
+from essa_jax.lora.full import ToParams, compute_copy, model_weights
 from essa_jax.mesh import (
     DATA_AXIS,
     axis_size,
+    data_only,
     data_psum,
+    data_psum_scatter,
+    host_copy,
     over_data,
     padded_size,
     place,
@@ -41,6 +44,7 @@ from essa_jax.mesh import (
 from essa_jax.models import sequence_logprobs
 from essa_jax.rl import on_mesh, place_base
 from essa_jax.rl.optimizer import adamw as make_optimizer  # the one builder (rl.optimizer)
+from essa_jax.rl.placement import zero_placement, zero_specs
 from essa_jax.train.rollouts import PromptSet, init_cursor, next_indices
 
 
@@ -122,7 +126,11 @@ def sft_loss_and_grad(
         val, g = jax.value_and_grad(nll_sum)(lora, *xs)
         return (loss_sum + val, jax.tree.map(jnp.add, grad_sum, g)), None
 
-    zero = (jnp.zeros((), jnp.float32), jax.tree.map(jnp.zeros_like, lora))
+    # float32 accumulators whatever the trainable's dtype (ZeRO differentiates the bf16 copy).
+    zero = (
+        jnp.zeros((), jnp.float32),
+        jax.tree.map(lambda x: jnp.zeros(x.shape, jnp.float32), lora),
+    )
     (loss_sum, grad_sum), _ = jax.lax.scan(
         micro, zero, (split(tokens), split(mask), split(loss_mask))
     )
@@ -164,7 +172,14 @@ def sft_step(
     shard_map of the GRPO programs), then one psum adds the device losses / gradients weighed by
     w_d = max(N_d, 1) / max(N, 1), N_d / N the target tokens of device d / of the batch, so the
     result is the whole batch's mean NLL over its N tokens (to summation order).
+
+    Full-parameter on a data axis > 1 (ZeRO, as `rl.programs`): the masters and AdamW state come
+    split over ``data`` (`rl.placement.zero_placement`); the shard_map receives their bf16 copy
+    (`lora.full.compute_copy`: one all-gather), and the gradient is reduce-scattered back to the
+    shards (`mesh.data_psum_scatter`).
     """
+    zero = mesh is not None and to_params is not None and axis_size(mesh, DATA_AXIS) > 1
+    specs = zero_specs(lora, mesh, model_config) if zero else None
 
     def body(lora, params, tokens, mask, loss_mask):
         loss, grads = sft_loss_and_grad(
@@ -182,15 +197,25 @@ def sft_step(
             return loss, grads
         count = jnp.sum(loss_mask[:, 1:].astype(jnp.float32))
         w = jnp.maximum(count, 1.0) / jnp.maximum(data_psum(count, mesh), 1.0)
-        grads = jax.tree.map(lambda g: w.astype(g.dtype) * g, grads)
+        grads = jax.tree.map(lambda g: w * g.astype(jnp.float32), grads)
+        if zero:
+            return data_psum(w * loss, mesh), data_psum_scatter(grads, specs, mesh)
         return data_psum((w * loss, grads), mesh)
 
+    trainable = lora
     if mesh is not None:
         rows = P(DATA_AXIS)
-        body = over_data(body, mesh, (P(), P(), rows, rows, rows), P())
-    loss, grads = body(lora, params, tokens, mask, loss_mask)
+        grad_specs = jax.tree.map(data_only, specs) if zero else P()
+        body = over_data(body, mesh, (P(), P(), rows, rows, rows), (P(), grad_specs))
+        if zero:
+            trainable = compute_copy(lora, params)
+    loss, grads = body(trainable, params, tokens, mask, loss_mask)
     updates, opt_state = optimizer.update(grads, opt_state, lora)
     lora = optax.apply_updates(lora, updates)
+    if zero:  # the new state keeps the old one's shards
+        t_sh, o_sh = zero_placement(lora, opt_state, optimizer, mesh, model_config)
+        lora = jax.lax.with_sharding_constraint(lora, t_sh)
+        opt_state = jax.lax.with_sharding_constraint(opt_state, o_sh)
     return lora, opt_state, {"loss": loss, "grad_norm": optax.tree.norm(grads)}
 
 
@@ -246,8 +271,12 @@ def train_sft(
             raise ValueError(
                 f"sft.micro_batch_size={micro_batch_size} is invalid: valid are {valid}"
             )
-        params = place_base(params, mesh, model_config)
+        full = to_params is not None  # ZeRO: the state and base split over data (sft_step)
+        params = place_base(params, mesh, model_config, shard_data=full)
         lora, opt_state = on_mesh((lora, opt_state), mesh)
+        if full and axis_size(mesh, DATA_AXIS) > 1:
+            t_sh, o_sh = zero_placement(lora, opt_state, optimizer, mesh, model_config)
+            lora, opt_state = jax.device_put(lora, t_sh), jax.device_put(opt_state, o_sh)
     cursor = init_cursor(len(data), seed)
     for step in range(sft_config.steps):
         idx, cursor = next_indices(cursor, batch_size)
@@ -272,5 +301,5 @@ def train_sft(
             log_fn(step + 1, {k: float(v) for k, v in m.items()})
     if mesh is not None:
         # A local copy: held-out evaluation and the next method's init run on one device.
-        lora = jax.tree.map(jnp.asarray, jax.device_get(lora))
+        lora = jax.tree.map(jnp.asarray, host_copy(lora))
     return lora
