@@ -3,21 +3,18 @@ devices (data = 8) and on data = 4 x model = 2, after the weights moved; the "pr
 trains only the projections; the KL reference is the initial weights; float32 masters keep an
 AdamW step of lr 1e-6 that bfloat16 weights round away."""
 
-from types import SimpleNamespace
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from test_data_parallel import _max_diff, _meshes, decode, parity_reward
+from test_data_parallel import _max_diff, _meshes, decode, parity_reward, sft_case
 from toy_model import TOY_CONFIG as CONFIG
 
 from essa_jax.lora.full import full_policy, merge_weights, no_lora, select_weights
 from essa_jax.mesh import make_mesh
 from essa_jax.models import init_params
 from essa_jax.rl import FrozenPolicy, GRPOConfig, GRPOTrainer, adamw, place_base
-from essa_jax.train.rollouts import PromptSet
 from essa_jax.train.sft import train_sft
 
 GROUP = 4
@@ -121,21 +118,8 @@ def test_kl_reference_is_the_initial_weights(params):
 
 
 def test_full_sft_is_the_same_on_1_8_and_4x2_devices(params):
-    rng = np.random.default_rng(0)
-    n = 12
-    toks = rng.integers(3, 16, (n, 5)).astype(np.int32)
-    mask = np.ones_like(toks)
-    toks[::3, :2], mask[::3, :2] = 0, 0
-    targets = [list(rng.integers(3, 16, 1 + i % 4)) + [2] for i in range(n)]
-    data = PromptSet([f"p{i}" for i in range(n)], toks, mask, {}, targets)
-    sft = SimpleNamespace(
-        learning_rate=1e-2,
-        weight_decay=0.0,
-        max_grad_norm=1.0,
-        steps=2,
-        batch_size=6,
-        micro_batch_size=1,
-    )
+    """ZeRO on 8 and 4x2 (masters and AdamW state split over data) = one device."""
+    data, sft = sft_case()
     trainable, _, _ = full_policy(params, "full")
 
     def run(mesh):
