@@ -2,17 +2,14 @@
 in every checkpoint) SIGKILLed after its second checkpoint and restarted with the same command ends
 in exactly the state of an uninterrupted run, after the weights moved at every step."""
 
-import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import jax
 import numpy as np
 import pytest
-from test_faults_main import _env, _final_state, _finish, _state
+from test_faults_main import _env, _final_state, _finish, _state, kill_after_checkpoint
 
 from essa_jax.checkpointing import complete_steps
 
@@ -47,18 +44,8 @@ def test_full_parameter_sigkill_then_resume_equals_uninterrupted(tmp_path):
     for s in range(STEPS):  # first: every step moved the weights (lr 1e-3: ~1e-3 per weight)
         assert _weights_moved(states[s], states[s + 1]) > 1e-4, s
 
-    with open(tmp_path / "cut1.log", "wb") as log:
-        p = _start(cut, tmp_path, log)
-        deadline = time.monotonic() + 600
-        while 2 not in complete_steps(str(cut / "checkpoints")):
-            assert p.poll() is None, (tmp_path / "cut1.log").read_text()[-3000:]
-            assert time.monotonic() < deadline, "no checkpoint 2 within 600 s"
-            time.sleep(0.05)
-        os.killpg(p.pid, signal.SIGKILL)
-        p.wait()
-    assert p.returncode == -signal.SIGKILL
-    done = complete_steps(str(cut / "checkpoints"))
-    assert 2 in done and max(done) < STEPS, done
+    done = kill_after_checkpoint(_start, cut, tmp_path, 2)
+    assert max(done) < STEPS, done
     with open(tmp_path / "cut2.log", "wb") as log:
         _finish(_start(cut, tmp_path, log), 600, tmp_path / "cut2.log")
     assert f"resuming from {cut}/checkpoints/{max(done)}" in (tmp_path / "cut2.log").read_text()
