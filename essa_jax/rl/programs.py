@@ -4,8 +4,10 @@ a mesh (one device = a mesh of one): rollout, scoring, the policy loss and the u
 (docs/ARCHITECTURE.md, "The path of a rollout" and "Data-parallel GRPO and SFT".) Rows are sharded
 over ``data`` and padded to it with copies of row 0 (`essa_jax.mesh.pad_to`); the trainable, the
 optimiser state and the base weights stay replicated over it (the weights split over an Auto
-``model`` axis, `rl.placement.place_base`). Each device generates, scores and differentiates its
-own block of rows; one psum per update adds the gradients. On a data axis of one device there is
+``model`` axis, `rl.placement.place_base`), except in full-parameter training (`lora.full`),
+which splits them over ``data`` too (ZeRO: `shard_weights`, `rl.placement.zero_placement`). Each
+device generates, scores and differentiates its own block of rows; one psum per update adds the
+gradients (ZeRO: one reduce-scatter per micro-batch). On a data axis of one device there is
 no padding and no collective (`essa_jax.mesh.data_psum` / `data_all_gather`), so a one-device
 program is the plain one.
 
