@@ -349,10 +349,13 @@ def _programs(config, mc, target: Target) -> list[_Program]:
     if config.method == "sft" or config.sft.steps > 0:
         sft_trainable = lora_shape
         if config.train.params != "lora":  # full-parameter SFT: the weights' float32 masters
+            from essa_jax.lora.adapter import master_weights
             from essa_jax.lora.full import full_policy
 
             subset = config.train.params
-            sft_trainable = jax.eval_shape(lambda p: full_policy(p, subset)[0], params_shape)
+            sft_trainable = jax.eval_shape(
+                lambda p: master_weights(full_policy(p, subset)[0]), params_shape
+            )
         programs.append(_sft_program(config, mc, base, sft_trainable, rep, mesh, tp + new))
 
     if config.method == "essa":
@@ -509,6 +512,7 @@ def _grpo_programs(config, mc, base, lora_shape, rep, mesh, tp, new, eos) -> lis
 
     from essa_jax import lora as lora_lib
     from essa_jax.config import grpo_config
+    from essa_jax.lora.adapter import master_weights
     from essa_jax.lora.full import full_policy, merge_weights, no_lora
     from essa_jax.mesh import DATA_AXIS, axis_size, padded_size, place_params
     from essa_jax.rl import FrozenPolicy, GRPOTrainer, RolloutBatch
@@ -518,7 +522,9 @@ def _grpo_programs(config, mc, base, lora_shape, rep, mesh, tp, new, eos) -> lis
     full = c.train.params != "lora"
     if full:  # the weights' float32 masters; the base split over data too (as train/grpo.py)
         to_lora, frozen = no_lora, None
-        trainable = jax.eval_shape(lambda p: full_policy(p, c.train.params)[0], base)
+        trainable = jax.eval_shape(
+            lambda p: master_weights(full_policy(p, c.train.params)[0]), base
+        )
         if mesh is not None:
             base = place_params(base, mesh, mc, shard_data=True)
     elif c.method == "svdgrpo":

@@ -15,12 +15,12 @@ pass is the base with no adapter, so the reference costs no second copy of anyth
   * "projections": the seven projections' kernels and biases (q k v o gate up down); embedding,
     head and norms frozen (a subset commonly picked to keep the vocabulary rows fixed).
 
-Mixed precision (Micikevicius et al. 2018, arXiv 1710.03740, Sec. 3.1): the trainable is a float32
-master copy (`lora.master_weights`) and so is the AdamW state; `merge_weights` casts each master
-leaf to the base leaf's dtype at use, so the model computes in its own dtype (bfloat16 on
-accelerators) and the gradient arrives in float32 through the cast. A bfloat16 master would round
-an AdamW step of lr 1e-6 away (tests/lora/test_full.py shows it), hence float32:
-2 + 4 + 4 + 4 = 14 bytes per trained weight (bf16 base, f32 master, AdamW m and v).
+Mixed precision (Micikevicius et al. 2018, arXiv 1710.03740, Sec. 3.1): the trainers keep the
+trainable as a float32 master copy (`lora.master_weights`) and so is the AdamW state;
+`merge_weights` casts each master leaf to the base leaf's dtype at use, so the model computes in
+its own dtype (bfloat16 on accelerators) and the gradient arrives in float32 through the cast. A
+bfloat16 master would round an AdamW step of lr 1e-6 away (tests/rl/test_full_params.py shows it),
+hence float32: 2 + 4 + 4 + 4 = 14 bytes per trained weight (bf16 base, f32 master, AdamW m and v).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from typing import Any
 import flax.struct
 import jax
 
-from essa_jax.lora.adapter import ToLora, master_weights
+from essa_jax.lora.adapter import ToLora
 from essa_jax.models.config import PROJECTIONS
 from essa_jax.models.quant import QuantizedKernel
 
@@ -94,10 +94,12 @@ def no_lora(trainable: Any, frozen_adapter: Any) -> None:
 
 
 def full_policy(params: Mapping[str, Any], subset: str = "full") -> tuple[Any, Any, ToLora]:
-    """Train the model's weights: (trainable = float32 masters of `select_weights(params,
-    subset)`, frozen adapter None, `no_lora`). Give the trainer `to_params=merge_weights` and the
-    initial weights as its base (the frozen reference)."""
-    return master_weights(select_weights(params, subset)), None, no_lora
+    """Train the model's weights: (trainable = `select_weights(params, subset)`, frozen adapter
+    None, `no_lora`). Give the trainer `to_params=merge_weights` and the initial weights as its
+    base (the frozen reference). The trainable is the weights as they are (no copy): the trainers
+    make its float32 masters (`GRPOTrainer.init`, `train_sft`; under ZeRO directly on their shards,
+    `rl.placement.zero_init`, so no device holds a whole float32 copy)."""
+    return select_weights(params, subset), None, no_lora
 
 
 @flax.struct.dataclass

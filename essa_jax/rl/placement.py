@@ -21,7 +21,14 @@ from essa_jax.mesh import (
     place_params,
 )
 
-__all__ = ["on_mesh", "one_device_mesh", "place_base", "zero_placement", "zero_specs"]
+__all__ = [
+    "on_mesh",
+    "one_device_mesh",
+    "place_base",
+    "zero_init",
+    "zero_placement",
+    "zero_specs",
+]
 from essa_jax.models.config import ModelConfig
 
 
@@ -73,3 +80,26 @@ def zero_placement(
         transform_non_params=lambda _: NamedSharding(mesh, P()),
     )
     return named, opt
+
+
+def zero_init(
+    trainable: Any,
+    optimizer: optax.GradientTransformation,
+    mesh: Mesh,
+    model_config: ModelConfig,
+) -> tuple[Any, Any]:
+    """(float32 masters, optimiser state) of full-parameter training made directly split as
+    `zero_placement` says: the given weights (any dtype, on the host or one device) are placed
+    shard by shard (`mesh.place`), then upcast (`lora.master_weights`) and the AdamW state
+    initialised on the shards, so no device ever holds a whole float32 copy or whole moments
+    (Qwen2.5-7B: 30 GB of masters, 61 GB of m and v)."""
+    from essa_jax.lora.adapter import master_weights
+    from essa_jax.mesh import place
+
+    masters_abs = jax.eval_shape(master_weights, trainable)
+    t_sh, o_sh = zero_placement(
+        masters_abs, jax.eval_shape(optimizer.init, masters_abs), optimizer, mesh, model_config
+    )
+    split = jax.tree.map(lambda x, sh: place(x, mesh, sh.spec), trainable, t_sh)
+    masters = jax.jit(master_weights, out_shardings=t_sh)(split)
+    return masters, jax.jit(optimizer.init, out_shardings=o_sh)(masters)

@@ -62,7 +62,7 @@ from essa_jax.models.tokenizer import decode_completions
 from essa_jax.rl.config import GRPOConfig
 from essa_jax.rl.optimizer import make_optimizer
 from essa_jax.rl.outcomes import compute_advantages, step_metrics
-from essa_jax.rl.placement import on_mesh, one_device_mesh
+from essa_jax.rl.placement import on_mesh, one_device_mesh, zero_init
 from essa_jax.rl.programs import GRPOPrograms
 from essa_jax.rl.state import FrozenPolicy, GRPOState, RewardFn, RolloutBatch
 
@@ -128,10 +128,17 @@ class GRPOTrainer(GRPOPrograms):
         """
         if jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
             key = jax.random.key_data(key)
-        trainable = master_weights(trainable)
+        if self.shard_weights and not isinstance(jax.tree.leaves(trainable)[0], jax.core.Tracer):
+            # ZeRO: masters and AdamW state made on their shards (`rl.placement.zero_init`).
+            trainable, opt_state = zero_init(
+                trainable, self.optimizer, self.mesh, self.model_config
+            )
+        else:
+            trainable = master_weights(trainable)
+            opt_state = self.optimizer.init(trainable)
         return GRPOState(
             params=trainable,
-            opt_state=self.optimizer.init(trainable),
+            opt_state=opt_state,
             step=jnp.zeros((), jnp.int32),
             key=jnp.asarray(key),
         )

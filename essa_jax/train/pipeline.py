@@ -424,6 +424,8 @@ def _template(run: Run, loop, key: jax.Array) -> Any:
     """A state with the structure of a checkpoint (built from a zero adapter or the base's
     weights: cheap, no SFT)."""
     lora0 = initial_policy(run, key)
+    if isinstance(lora0, TrainedWeights):  # the checkpoint holds float32 masters (on the host)
+        lora0 = TrainedWeights(jax.tree.map(lambda x: np.asarray(x, np.float32), lora0.masters))
     if loop is None:
         return {"lora": lora0}
     return loop.init_state(key, lora0)

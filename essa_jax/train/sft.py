@@ -44,7 +44,7 @@ from essa_jax.mesh import (
 from essa_jax.models import sequence_logprobs
 from essa_jax.rl import on_mesh, place_base
 from essa_jax.rl.optimizer import adamw as make_optimizer  # the one builder (rl.optimizer)
-from essa_jax.rl.placement import zero_placement, zero_specs
+from essa_jax.rl.placement import zero_init, zero_placement, zero_specs
 from essa_jax.train.rollouts import PromptSet, init_cursor, next_indices
 
 
@@ -254,8 +254,12 @@ def train_sft(
         float(sft_config.weight_decay),
         float(sft_config.max_grad_norm),
     )
-    lora = master_weights(lora)
-    opt_state = optimizer.init(lora)
+    full = mesh is not None and to_params is not None and axis_size(mesh, DATA_AXIS) > 1
+    if full:  # ZeRO: masters and AdamW state made on their shards
+        lora, opt_state = zero_init(lora, optimizer, mesh, model_config)
+    else:
+        lora = master_weights(lora)
+        opt_state = optimizer.init(lora)
     micro_batch_size = int(getattr(sft_config, "micro_batch_size", 0))
     batch_size = int(sft_config.batch_size)
     padded = padded_size(batch_size, axis_size(mesh, DATA_AXIS))
@@ -271,12 +275,9 @@ def train_sft(
             raise ValueError(
                 f"sft.micro_batch_size={micro_batch_size} is invalid: valid are {valid}"
             )
-        full = to_params is not None  # ZeRO: the state and base split over data (sft_step)
-        params = place_base(params, mesh, model_config, shard_data=full)
+        # ZeRO (full-parameter): the base split over data too (sft_step)
+        params = place_base(params, mesh, model_config, shard_data=to_params is not None)
         lora, opt_state = on_mesh((lora, opt_state), mesh)
-        if full and axis_size(mesh, DATA_AXIS) > 1:
-            t_sh, o_sh = zero_placement(lora, opt_state, optimizer, mesh, model_config)
-            lora, opt_state = jax.device_put(lora, t_sh), jax.device_put(opt_state, o_sh)
     cursor = init_cursor(len(data), seed)
     for step in range(sft_config.steps):
         idx, cursor = next_indices(cursor, batch_size)

@@ -152,7 +152,8 @@ def test_float32_masters_keep_a_1e_6_step_that_bfloat16_rounds_away(params):
         return float(np.mean(w1 - w0) / -1e-6)
 
     assert kept(step(bf16), bf16) < 0.1  # bf16 weights and AdamW state: the step rounds away
-    master, _, _ = full_policy(bf16, "full")
+    trainable, _, _ = full_policy(bf16, "full")
+    master = _trainer(GRPOConfig(group_size=GROUP)).init(trainable, jax.random.key(0)).params
     assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(master))
     moved = step(master)
     assert abs(kept(moved, master) - 1) < 1e-2
