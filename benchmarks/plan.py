@@ -29,6 +29,19 @@ CASES = (
     ("fgrpo_qwen2p5_7b_deepscaler", GPU8, "paper: 8 x H100"),
     ("fgrpo_qwen2p5_7b_deepscaler", [*GPU8, "--config.mesh.model=2"], "model axis 2"),
     ("fgrpo_qwen2p5_7b_deepscaler", [*GPU8, "--config.mesh.model=4"], "model axis 4"),
+    # The ESSA paper's GRPO baselines, every weight trained (train.params = "full": masters,
+    # AdamW state and base sharded over data): 7B on 8 x H100 and through the TPU compiler; 32B
+    # on 16, 32 and 64 x H100 (the smallest that fits is the one to report).
+    ("grpo_qwen2p5_7b_gsm8k", GPU8, "paper baseline: 8 x H100, full-parameter"),
+    ("grpo_qwen2p5_7b_gsm8k", ["--target", "tpu:v5p:2x2x2"], "full-parameter, TPU compiler"),
+    *(
+        (
+            "grpo_qwen2p5_32b_prm800k",
+            ["--devices", str(n), "--device_memory_gb", "80"],
+            f"full-parameter: {n} x H100",
+        )
+        for n in (16, 32, 64)
+    ),
     # 32B on 16 x H100 needs the model axis (65.5 GB of weights); its config sets it.
     (
         "essa_qwen2p5_32b_prm800k",

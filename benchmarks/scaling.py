@@ -25,6 +25,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 LAUNCHER = ROOT / "experiments" / "launch_local.py"
@@ -125,6 +126,7 @@ COUNT_DEVICES = 16
 # GRPO on the ESSA config's model, mesh and lengths (the paper's baseline is not given in code):
 # Qwen2.5-32B, model axis 4, 512 + 1024 tokens, the ESSA SFT adapter's rank and targets.
 GRPO_OVERRIDES = {
+    "train.params": "lora",  # the config trains every weight; this is the LoRA-GRPO cost
     "model.name": "Qwen2.5-32B",
     "mesh.model": 4,
     "task.max_prompt_tokens": 512,
@@ -134,6 +136,8 @@ GRPO_OVERRIDES = {
     "lora.targets": ("q", "k", "v", "o"),
     "eval.batch_size": 8,
 }
+# The paper's own baseline: the same GRPO training every weight (ZeRO over data, `lora.full`).
+GRPO_FULL_OVERRIDES = {**GRPO_OVERRIDES, "train.params": "full"}
 
 
 def _load_config(path: Path, overrides: dict):
@@ -209,8 +213,42 @@ def _hlo_allreduce(counts: dict, group: int, in_loop: bool) -> list[dict]:
     ]  # fmt: skip
 
 
-def _cost_model_tables(essa_counts: dict, grpo_counts: dict) -> tuple[list[dict], dict]:
-    """ESSA and GRPO step times at GPU_COUNTS from the compiled programs' counts (no fitting)."""
+def _hlo_bytes(counts: dict, kind: str, group: int) -> float:
+    """Summed payload x trip count of the `kind` collectives over `group` devices of a program."""
+    return float(
+        sum(
+            c["payload_bytes"] * c["count"]
+            for c in counts["collectives"]
+            if c["kind"] == kind and c["group_size"] == group
+        )
+    )
+
+
+def _update_program(upd: dict, grpo_cfg, grpo_counts: dict) -> tuple[Any, list[dict]]:
+    """The cost model's `UpdateProgram` of a compiled GRPO update: its gradient all-reduce
+    (adapters) or its ZeRO weight all-gather and gradient reduce-scatter (full-parameter)."""
+    from essa_jax.scaling import costmodel as cm
+
+    data = upd["mesh"]["data"]
+    grad = _hlo_allreduce(upd, data, in_loop=False)
+    full = grpo_cfg.train.params != "lora"
+    return cm.UpdateProgram(
+        micro_batch_rows=upd["chunks"]["grpo.micro_batch_size"],
+        sequence=upd["chunks"]["sequence"],
+        remat=bool(grpo_cfg.model.remat),
+        grad_bytes=0.0 if full else sum(c["payload_bytes"] * c["count"] for c in grad),
+        score_passes=0 if "grpo_score" not in grpo_counts else 1,
+        xla_flops=upd["xla_flops"],
+        weight_gather_bytes=_hlo_bytes(upd, "all-gather", data) if full else 0.0,
+        grad_scatter_bytes=_hlo_bytes(upd, "reduce-scatter", data) if full else 0.0,
+    ), grad
+
+
+def _cost_model_tables(
+    essa_counts: dict, grpo_counts: dict, full_counts: dict
+) -> tuple[list[dict], dict]:
+    """ESSA and GRPO (LoRA, and every weight: `full_counts`) step times at GPU_COUNTS from the
+    compiled programs' counts (no fitting)."""
     from essa_jax.models.shapes import model_shape
     from essa_jax.scaling import costmodel as cm
 
@@ -243,46 +281,52 @@ def _cost_model_tables(essa_counts: dict, grpo_counts: dict) -> tuple[list[dict]
         num_parents=es.num_parents,
         eigen_interval=es.eigen_interval,
     )
+
+    def rollout_program(roll: dict, full: bool) -> Any:
+        # ZeRO: the rollout's argument bytes are the weights' shards; it decodes with the
+        # gathered bf16 weights / model per device (what its decode steps read).
+        weights = model.weight_bytes / roll["mesh"]["model"] if full else roll["argument_bytes"]
+        return cm.GenerationProgram(
+            model_devices=roll["mesh"]["model"],
+            rows_per_chunk=roll["chunks"]["grpo.rows_per_chunk"]
+            or roll["chunks"]["rollout_rows_per_device"],
+            prompt_tokens=int(grpo_cfg.task.max_prompt_tokens),
+            new_tokens=int(grpo_cfg.generation.max_new_tokens),
+            weight_bytes_per_device=weights,
+            tp_bytes_per_row_layer=tp_shape,
+            xla_flops=roll["xla_flops"],
+            xla_bytes=roll["xla_bytes_accessed"],
+        )
+
     roll, upd = grpo_counts["grpo_rollout"], grpo_counts["grpo_update"]
-    data = upd["mesh"]["data"]
-    grad = _hlo_allreduce(upd, data, in_loop=False)
-    grpo_prog = cm.GenerationProgram(
-        model_devices=roll["mesh"]["model"],
-        rows_per_chunk=roll["chunks"]["grpo.rows_per_chunk"]
-        or roll["chunks"]["rollout_rows_per_device"],
-        prompt_tokens=int(grpo_cfg.task.max_prompt_tokens),
-        new_tokens=int(grpo_cfg.generation.max_new_tokens),
-        weight_bytes_per_device=roll["argument_bytes"],
-        tp_bytes_per_row_layer=tp_shape,
-        xla_flops=roll["xla_flops"],
-        xla_bytes=roll["xla_bytes_accessed"],
-    )
-    update = cm.UpdateProgram(
-        micro_batch_rows=upd["chunks"]["grpo.micro_batch_size"],
-        sequence=upd["chunks"]["sequence"],
-        remat=bool(grpo_cfg.model.remat),
-        grad_bytes=sum(c["payload_bytes"] * c["count"] for c in grad),
-        score_passes=0 if "grpo_score" not in grpo_counts else 1,
-        xla_flops=upd["xla_flops"],
-    )
+    grpo_prog = rollout_program(roll, False)
+    update, grad = _update_program(upd, grpo_cfg, grpo_counts)
+    full_cfg = _load_config(GRPO_CONFIG, GRPO_FULL_OVERRIDES)
+    full_prog = rollout_program(full_counts["grpo_rollout"], True)
+    full_update, _ = _update_program(full_counts["grpo_update"], full_cfg, full_counts)
     grpo = cm.GRPOSettings(
         prompts_per_step=int(grpo_cfg.grpo.batch_size) // int(grpo_cfg.grpo.group_size),
         group_size=int(grpo_cfg.grpo.group_size),
     )
     rows = []
-    essa_t, grpo_t = {}, {}
+    essa_t, grpo_t, full_t = {}, {}, {}
     for n in GPU_COUNTS:
         e = cm.essa_generation_time(n, essa_prog, model, essa, chip)
         gr = cm.grpo_step_time(n, grpo_prog, update, model, grpo, chip)
-        essa_t[n], grpo_t[n] = e["total"], gr["total"]
+        fu = cm.grpo_step_time(n, full_prog, full_update, model, grpo, chip)
+        essa_t[n], grpo_t[n], full_t[n] = e["total"], gr["total"], fu["total"]
         rows.append({
             "gpus": n, "essa_s": e["total"], "essa_rollout_s": e["rollout"],
             "essa_rows_per_replica": e["rows_per_replica"], "essa_gather_s": e["row_gather"],
             "essa_tell_s": e["es_tell"], "grpo_s": gr["total"], "grpo_rollout_s": gr["rollout"],
             "grpo_update_s": gr["update"], "grpo_grad_allreduce_s": gr["grad_allreduce"],
             "grpo_rows_per_replica": gr["rows_per_replica"], "step_ratio": gr["total"] / e["total"],
+            "grpo_full_s": fu["total"], "grpo_full_weight_allgather_s": fu["weight_allgather"],
+            "grpo_full_grad_reducescatter_s": fu["grad_reducescatter"],
+            "full_step_ratio": fu["total"] / e["total"],
         })  # fmt: skip
     compare = cm.compare_with_paper(essa_t, grpo_t)
+    compare_full = cm.compare_with_paper(essa_t, full_t)
     # The one assumed figure that moves the result: the per-step latency of the TP all-reduces
     # (64 layers x 2 per decode step). With none, and with 1 us instead of 5 us:
     sensitivity = {}
@@ -304,6 +348,8 @@ def _cost_model_tables(essa_counts: dict, grpo_counts: dict) -> tuple[list[dict]
         "essa_settings": dataclasses.asdict(essa),
         "grpo_rollout_program": dataclasses.asdict(grpo_prog),
         "grpo_update_program": dataclasses.asdict(update),
+        "grpo_full_rollout_program": dataclasses.asdict(full_prog),
+        "grpo_full_update_program": dataclasses.asdict(full_update),
         "grpo_settings": dataclasses.asdict(grpo),
         "essa_rollout_16": essa_16,
         "hlo_essa_tp_allreduce_in_loops": _hlo_allreduce(pop, g, in_loop=True),
@@ -314,6 +360,7 @@ def _cost_model_tables(essa_counts: dict, grpo_counts: dict) -> tuple[list[dict]
             "grpo_update": [upd["model_flops"] / g, upd["xla_flops"]],
         },
         "compare_with_paper": compare,
+        "compare_full_with_paper": compare_full,
         "latency_sensitivity": sensitivity,
     }
     return rows, summary
@@ -362,7 +409,13 @@ def main() -> None:
     else:
         essa_counts = _program_counts(ESSA_CONFIG, {}, ["essa_population"])
         grpo_counts = _program_counts(GRPO_CONFIG, GRPO_OVERRIDES, ["grpo_rollout", "grpo_update"])
-    cm_rows, cm_summary = _cost_model_tables(essa_counts, grpo_counts)
+    if args.reuse_counts and "grpo_full" in counts:
+        full_counts = counts["grpo_full"]
+    else:
+        full_counts = _program_counts(
+            GRPO_CONFIG, GRPO_FULL_OVERRIDES, ["grpo_rollout", "grpo_update"]
+        )
+    cm_rows, cm_summary = _cost_model_tables(essa_counts, grpo_counts, full_counts)
     grad_bytes = cm_summary["grpo_update_program"]["grad_bytes"]
     grpo_lora = comm.grpo_step_bytes(grad_bytes, 128)
     comm_rows = gathered + [
@@ -378,6 +431,9 @@ def main() -> None:
     print_table(comm_rows, "bytes between devices per ESSA generation / GRPO step")
     print_table(cm_rows, "cost model (H100, first principles): seconds per step")
     c = cm_summary["compare_with_paper"]
+    cf = cm_summary["compare_full_with_paper"]
+    full_upd = cm_summary["grpo_full_update_program"]
+    grpo_full_bytes = full_upd["weight_gather_bytes"] * 2 + full_upd["grad_scatter_bytes"]
     print(
         "\npaper (Qwen2.5-32B PRM800K): ESSA 200 -> <20 min, GRPO 400 -> 150 min from 16 to 128 "
         f"GPUs (speedup 2x -> 6x, growth {c['reported_speedup_growth']:.1f}x). Predicted per step: "
@@ -394,6 +450,16 @@ def main() -> None:
             "predicted_essa_scaling_16_to_128": c["predicted_essa_scaling"],
             "predicted_grpo_scaling_16_to_128": c["predicted_grpo_scaling"],
             "predicted_speedup_growth_16_to_128": c["predicted_speedup_growth"],
+            # ESSA over GRPO of every weight (ZeRO over data: the compiled update's bf16 weight
+            # all-gather, once per program, and float32 gradient reduce-scatter). Steps to the
+            # target are not modelled, so no speedup at 16 is predicted: the one at 128 is the
+            # paper's 2x at 16 times the predicted growth of the per-step ratio.
+            "grpo_full_bytes_per_step": grpo_full_bytes,
+            "predicted_step_time_ratio_16": cf["step_time_ratio_small"],
+            "predicted_step_time_ratio_128": cf["step_time_ratio_large"],
+            "predicted_speedup_growth_16_to_128_full": cf["predicted_speedup_growth"],
+            "predicted_speedup_128_at_reported_16": cf["speedup_large_at_reported_small"],
+            "predicted_speedup_128_at_reported_16_lora": c["speedup_large_at_reported_small"],
             "reported_speedup_16": 2.0,
             "reported_speedup_128": 6.0,
             "notes": (
@@ -411,7 +477,7 @@ def main() -> None:
             "host_gathered": gathered,
             "tiny_lora_grad": grad,
             "communication": comm_rows,
-            "program_counts": {"essa": essa_counts, "grpo": grpo_counts},
+            "program_counts": {"essa": essa_counts, "grpo": grpo_counts, "grpo_full": full_counts},
             "cost_model": cm_rows,
             "cost_model_summary": cm_summary,
         },

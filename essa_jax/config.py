@@ -117,6 +117,15 @@ def base_config() -> ml_collections.ConfigDict:
     # Adapted projections: a subset of essa_jax.models.PROJECTIONS (q k v o gate up down).
     c.lora.targets = ("q", "k", "v", "o")
 
+    c.train = ml_collections.ConfigDict()
+    # What SFT and the GRPO family train (essa_jax.lora.full.TRAINED_WEIGHTS): "lora" = the
+    # adapter (LoRA factors; svdgrpo: its singular values); "full" = every weight of the model, as
+    # the papers' GRPO baselines (float32 masters + AdamW state, 14 bytes per weight with the
+    # bf16 base, which stays the KL reference); "projections" = the seven projections' weights
+    # (embedding, head and norms frozen). Other than "lora" only for methods sft / grpo / fgrpo
+    # and model.quantize = "none"; the run then exports a Hugging Face checkpoint (workdir/model).
+    c.train.params = "lora"
+
     c.sft = ml_collections.ConfigDict()
     # LoRA SFT on the task's reference answers; loss on the answer tokens only (ESSA step 1).
     c.sft.steps = 20
@@ -439,6 +448,21 @@ def check_quantization(model, model_config: Any = None) -> None:
             raise ConfigError("model.quant_group", group, valid) from None
 
 
+def check_trained_params(config) -> None:
+    """`train.params` against its choices and the base's form (`lora.full`); whether the method
+    can train the weights is the method's check (`essa_jax.train.methods`)."""
+    from essa_jax.lora.full import TRAINED_WEIGHTS
+
+    check_choice("train.params", config.train.params, TRAINED_WEIGHTS)
+    if config.train.params != "lora" and config.model.quantize != "none":
+        raise ConfigError(
+            "train.params",
+            config.train.params,
+            f"'lora' with model.quantize = {config.model.quantize!r}",
+            "quantised weights have no gradient: set model.quantize = 'none'",
+        )
+
+
 def check_fields(config, num_devices: int | None = None, *, model_config: Any = None) -> None:
     """Check the schema (`check_schema`) and every field no method owns (model, task, lora, sft,
     mesh, eval, checkpoint) against the others and the model's dims; raise ConfigError on the
@@ -501,6 +525,7 @@ def check_fields(config, num_devices: int | None = None, *, model_config: Any = 
     if not isinstance(config.model.remat, bool):
         raise ConfigError("model.remat", config.model.remat, "True | False")
     check_quantization(config.model, model_config)
+    check_trained_params(config)
     check_positive("sft.learning_rate", config.sft.learning_rate)
 
     num_devices = device_count() if num_devices is None else num_devices

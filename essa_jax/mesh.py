@@ -228,8 +228,33 @@ def _leaf_spec(
     return PartitionSpec()
 
 
-def param_specs(params: Any, model_config: Any, model: int) -> Any:
-    """The `PartitionSpec` of every leaf of a params pytree for a ``model`` axis of `model` devices.
+def _with_data(
+    names: tuple[str, ...], spec: PartitionSpec, shape: tuple, data: int
+) -> PartitionSpec:
+    """`spec` with the ``data`` axis on the largest dimension it leaves free that `data` divides
+    (never a stacked leaf's layer axis, which the layer scan slices); unchanged when none."""
+    if data == 1:
+        return spec
+    entries = list(spec) + [None] * (len(shape) - len(spec))
+    first = 1 if names and names[0] == "layers" else 0
+    free = [k for k in range(first, len(shape)) if entries[k] is None and shape[k] % data == 0]
+    if not free:
+        return spec
+    k = max(free, key=lambda i: (shape[i], i))
+    entries[k] = DATA_AXIS
+    return PartitionSpec(*entries)
+
+
+def data_dim(spec: PartitionSpec) -> int | None:
+    """The dimension `spec` splits over ``data`` (`param_specs(..., data=)`), or None."""
+    return next((k for k, e in enumerate(spec) if e == DATA_AXIS), None)
+
+
+def param_specs(params: Any, model_config: Any, model: int, data: int = 1) -> Any:
+    """The `PartitionSpec` of every leaf of a params pytree for a ``model`` axis of `model` devices
+    and, with `data` > 1, sharded over the ``data`` axis too (FSDP / ZeRO, Rajbhandari et al. 2020,
+    arXiv 1910.02054: each of `data` devices holds 1/data of a leaf; what full-parameter
+    training's float32 masters, AdamW state and base are placed with, `rl.placement`).
 
     The one sharding vocabulary of model weights (Megatron-style tensor parallelism, Shoeybi et
     al. 2019, arXiv 1909.08053, Sec. 3):
@@ -244,7 +269,10 @@ def param_specs(params: Any, model_config: Any, model: int) -> Any:
     | norms | [L, d], [d] | replicated |
 
     (A vocabulary that `model` does not divide splits the embedding / lm_head over d instead.)
-    Leaves may be arrays or `jax.ShapeDtypeStruct`s; `model` = 1 gives replicated specs.
+    ``data`` then takes the largest dimension left free that it divides, never a stacked leaf's
+    layer axis L (the layer scan slices it): the kernels' d or out / in, the embedding's d, the
+    norms' d (`data_dim` reads it back); a leaf with no such dimension stays replicated over it.
+    Leaves may be arrays or `jax.ShapeDtypeStruct`s; `model` = `data` = 1 gives replicated specs.
     Raises ValueError (`check_model_axis`) when `model` does not divide the heads.
     """
     if model != 1:
@@ -252,17 +280,22 @@ def param_specs(params: Any, model_config: Any, model: int) -> Any:
 
     def spec(path: tuple, leaf: Any) -> PartitionSpec:
         names = tuple(str(getattr(k, "key", getattr(k, "name", k))) for k in path)
-        return _leaf_spec(names, len(leaf.shape), model_config, model, tuple(leaf.shape))
+        shape = tuple(leaf.shape)
+        return _with_data(
+            names, _leaf_spec(names, len(shape), model_config, model, shape), shape, data
+        )
 
     return jax.tree_util.tree_map_with_path(spec, params)
 
 
-def place_params(params: Any, mesh: Mesh, model_config: Any) -> Any:
+def place_params(params: Any, mesh: Mesh, model_config: Any, *, shard_data: bool = False) -> Any:
     """Base weights on `mesh`, split over its ``model`` axis by `param_specs` and replicated over
-    ``pop`` and ``data``; abstract leaves (`jax.ShapeDtypeStruct`) get the same shardings (for
-    lowering a program ahead of time). Multi-process like `place`: each process fills its own
-    devices' shards from its identical host copy."""
-    specs = param_specs(params, model_config, axis_size(mesh, MODEL_AXIS))
+    ``pop`` and ``data`` (`shard_data`: split over ``data`` too, full-parameter training's
+    layout); abstract leaves (`jax.ShapeDtypeStruct`) get the same shardings (for lowering a
+    program ahead of time). Multi-process like `place`: each process fills its own devices'
+    shards from its identical host copy."""
+    data = axis_size(mesh, DATA_AXIS) if shard_data else 1
+    specs = param_specs(params, model_config, axis_size(mesh, MODEL_AXIS), data)
 
     def put(x: Any, spec: PartitionSpec) -> Any:
         if isinstance(x, jax.ShapeDtypeStruct):
@@ -301,6 +334,29 @@ def data_psum(tree: Any, mesh: Mesh) -> Any:
     """psum over ``data`` inside `over_data`; the tree itself on a data axis of one device (no
     all-reduce in the compiled program)."""
     return tree if axis_size(mesh, DATA_AXIS) == 1 else jax.lax.psum(tree, DATA_AXIS)
+
+
+def data_psum_scatter(tree: Any, specs: Any, mesh: Mesh) -> Any:
+    """Sum over ``data`` inside `over_data`, each leaf left split as its spec (`param_specs(...,
+    data=)`) says: a reduce-scatter along `data_dim(spec)` (each device keeps its 1/data block,
+    half an all-reduce's traffic), a psum for a leaf replicated over ``data``. The tree itself on
+    a data axis of one device."""
+    if axis_size(mesh, DATA_AXIS) == 1:
+        return tree
+
+    def one(x: jax.Array, spec: PartitionSpec) -> jax.Array:
+        k = data_dim(spec)
+        if k is None:
+            return jax.lax.psum(x, DATA_AXIS)
+        return jax.lax.psum_scatter(x, DATA_AXIS, scatter_dimension=k, tiled=True)
+
+    return jax.tree.map(one, tree, specs)
+
+
+def data_only(spec: PartitionSpec) -> PartitionSpec:
+    """`spec` with every axis but ``data`` dropped: the spec of an `over_data` input or output
+    (manual over ``data`` alone; ``model`` follows the arrays' shardings)."""
+    return PartitionSpec(*(e if e == DATA_AXIS else None for e in spec))
 
 
 def data_all_gather(tree: Any, mesh: Mesh) -> Any:
@@ -381,3 +437,19 @@ def allgather_owned(values: np.ndarray, owned: np.ndarray) -> np.ndarray:
     if not np.all(own.sum(axis=0) == 1):
         raise RuntimeError("rows generated on the mesh were read back by none or several processes")
     return np.where(own, vals, 0).sum(axis=0)
+
+
+def host_copy(tree: Any) -> Any:
+    """Every leaf of `tree` whole on this host (numpy): `device_get` of what this process can
+    address, and an all-gather across processes of leaves split over several processes' devices
+    (full-parameter training's ZeRO state, `rl.programs`); collective when any leaf needs it, so
+    every process calls it with the same tree."""
+
+    def whole(x: Any) -> Any:
+        if isinstance(x, jax.Array) and not x.is_fully_addressable:
+            from jax.experimental import multihost_utils
+
+            return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+        return np.asarray(jax.device_get(x))
+
+    return jax.tree.map(whole, tree)

@@ -320,7 +320,16 @@ def _programs(config, mc, target: Target) -> list[Program]:
 
     # SFT: prompt + reference answer, at most max_prompt_tokens + max_new_tokens long.
     if config.sft.steps > 0:
-        programs.append(_sft_program(config, mc, base, lora_shape, rep, mesh, tp + new))
+        sft_trainable = lora_shape
+        if config.train.params != "lora":  # full-parameter SFT: the weights' float32 masters
+            from essa_jax.lora.adapter import master_weights
+            from essa_jax.lora.full import full_policy
+
+            subset = config.train.params
+            sft_trainable = jax.eval_shape(
+                lambda p: master_weights(full_policy(p, subset)[0]), params_shape
+            )
+        programs.append(_sft_program(config, mc, base, sft_trainable, rep, mesh, tp + new))
 
     # The method's loop: its own programs, built by its object from the run's abstract inputs.
     inputs = ProgramInputs(
@@ -381,6 +390,7 @@ def _sft_program(config, mc, base, lora_shape, rep, mesh, seq_len) -> Program:
     import jax.numpy as jnp
     from jax.sharding import NamedSharding, PartitionSpec
 
+    from essa_jax.lora.full import merge_weights
     from essa_jax.mesh import DATA_AXIS, axis_size, padded_size
     from essa_jax.train.sft import make_optimizer, sft_step
 
@@ -410,6 +420,7 @@ def _sft_program(config, mc, base, lora_shape, rep, mesh, seq_len) -> Program:
             remat=_remat(config),
             micro_batch_size=micro,
             mesh=mesh,
+            to_params=None if config.train.params == "lora" else merge_weights,
         )
 
     per_device = padded // data

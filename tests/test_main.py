@@ -164,6 +164,8 @@ def test_shipped_configs(monkeypatch):
         "essa_qwen2p5_7b_gsm8k.py",
         "essa_qwen2p5_32b_prm800k.py",
         "fgrpo_qwen2p5_7b_deepscaler.py",
+        "grpo_qwen2p5_7b_gsm8k.py",
+        "grpo_qwen2p5_32b_prm800k.py",
     } <= names
     for p in paths:
         c = load_config_file(p)

@@ -262,3 +262,19 @@ def test_the_programs_of_a_method_come_from_its_object():
     # bfloat16 embedding in, the same out: XLA's own accounting of the method's program.
     emb_bytes = mc.vocab_size * mc.hidden_size * 2
     assert doubling.argument_bytes == emb_bytes and doubling.output_bytes == emb_bytes
+
+
+def test_full_parameter_grpo_plan_shards_weights_and_optimizer_state_over_data():
+    """train.params = "full": the plan compiles full-parameter SFT and the ZeRO-sharded GRPO
+    programs; the update's per-device arguments (masters + AdamW state + batch) are about 1 / data
+    of the one-device update's."""
+    c = tiny_config("grpo")
+    c.train.params = "full"
+    weights = param_bytes(tiny_model_config("tiny"))  # float32 bytes of every weight
+    upd = {}
+    for n in (1, 4):
+        plans = {p.program: p for p in plan_lib.plan_config(c, plan_lib.make_target(None, n, 1.0))}
+        assert list(plans) == ["sft_step", "grpo_rollout", "grpo_update", "heldout_eval"]
+        upd[n] = plans["grpo_update"]
+    assert upd[1].argument_bytes >= 3 * weights  # masters, m and v, whole on one device
+    assert upd[4].argument_bytes <= upd[1].argument_bytes / 4 + 1024

@@ -134,10 +134,17 @@ HF_MODULE_NAMES = {
     "up": "mlp.up_proj",
     "down": "mlp.down_proj",
 }
-_HF_LAYER = {
+# transformers' tensor names of each per-layer leaf (projections: module names, + .weight / .bias)
+# and of the others; `models.export` writes checkpoints with the same tables.
+HF_LAYER_NAMES = {
     "attn_norm": "input_layernorm.weight",
     "mlp_norm": "post_attention_layernorm.weight",
     **HF_MODULE_NAMES,
+}
+HF_TOP_NAMES = {
+    "embed": "model.embed_tokens.weight",
+    "final_norm": "model.norm.weight",
+    "lm_head": "lm_head.weight",
 }
 
 _GGUF_LAYER = {
@@ -234,13 +241,13 @@ def load_hf_dir(
             raise CheckpointError(f"{path}: tensor {name!r} is missing from the checkpoint")
         return tensors[name]()
 
-    names = {
-        "embed": "model.embed_tokens.weight",
-        "final_norm": "model.norm.weight",
-        "lm_head": "lm_head.weight",
-    }
     params = _assemble(
-        config, get, names, lambda i, key: f"model.layers.{i}.{_HF_LAYER[key]}", dtype, str(path)
+        config,
+        get,
+        HF_TOP_NAMES,
+        lambda i, key: f"model.layers.{i}.{HF_LAYER_NAMES[key]}",
+        dtype,
+        str(path),
     )
     return config, quantize_params(params, quantize, quant_group)
 

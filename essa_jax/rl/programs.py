@@ -4,10 +4,12 @@ a mesh (one device = a mesh of one): rollout, scoring, the policy loss and the u
 (docs/ARCHITECTURE.md, "The path of a rollout" and "Data-parallel GRPO and SFT".) Rows are sharded
 over ``data`` and padded to it with copies of row 0 (`essa_jax.mesh.pad_to`); the trainable, the
 optimiser state and the base weights stay replicated over it (the weights split over an Auto
-``model`` axis, `rl.placement.place_base`). Each device generates, scores and differentiates its
-own block of rows; one psum per update adds the gradients. On a mesh of one device
-`essa_jax.mesh.over_data` is the body itself and `data_psum` / `data_all_gather` are the identity:
-no padding, no collective, no copy; the one-device program is the plain one, bit for bit.
+``model`` axis, `rl.placement.place_base`), except in full-parameter training (`lora.full`),
+which splits them over ``data`` too (ZeRO: `shard_weights`, `rl.placement.zero_placement`). Each
+device generates, scores and differentiates its own block of rows; one psum per update adds the
+gradients (ZeRO: one reduce-scatter per micro-batch). On a data axis of one device there is
+no padding and no collective (`essa_jax.mesh.over_data` is the body itself, `data_psum` /
+`data_all_gather` the identity), so a one-device program is the plain one, bit for bit.
 
 All programs are pure and lower from `jax.ShapeDtypeStruct` arguments (the memory plan).
 """
@@ -24,11 +26,16 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from essa_jax.lora.adapter import ToLora
+from essa_jax.lora.full import ToParams, compute_copy, model_weights
 from essa_jax.mesh import (
     DATA_AXIS,
     axis_size,
     data_all_gather,
+    data_dim,
+    data_only,
     data_psum,
+    data_psum_scatter,
+    on_mesh,
     over_data,
     pad_to,
     padded_size,
@@ -38,6 +45,7 @@ from essa_jax.models.generate import Generation, generate, generate_chunked, row
 from essa_jax.models.logprobs import sequence_logprobs
 from essa_jax.rl.config import GRPOConfig
 from essa_jax.rl.losses import combine_micro_batch_aux, micro_batch_weights, policy_loss
+from essa_jax.rl.placement import zero_placement, zero_specs
 from essa_jax.rl.state import FrozenPolicy, RolloutBatch
 
 ROWS = P(DATA_AXIS)
@@ -64,20 +72,59 @@ class GRPOPrograms:
         optimizer: optax.GradientTransformation,
         eos_token_ids: Sequence[int],
         mesh: Mesh,
+        to_params: ToParams | None = None,
     ):
         self.model_config = model_config
         self.cfg = cfg
         self.to_lora = to_lora
+        self.to_params = to_params
         self.optimizer = optimizer
         self.eos_token_ids = tuple(eos_token_ids)
         self.mesh = mesh
         self.data = axis_size(mesh, DATA_AXIS)
+        # Full-parameter training on a data axis > 1: masters, AdamW state and gradients sharded
+        # over it (ZeRO / FSDP, `state_shardings`); adapters stay replicated (they are small).
+        self.shard_weights = to_params is not None and self.data > 1
         rows = NamedSharding(mesh, ROWS)
         self.rollout = jax.jit(self._rollout)
         self.score = jax.jit(self._score, static_argnames=("with_policy", "with_ref", "last"))
         self.update_step = jax.jit(self._update_step, static_argnames=("num_rows",))
         self.assemble = jax.jit(self._assemble, out_shardings=rows)
         self.take = jax.jit(self._take, out_shardings=rows)
+
+    def trainable_specs(self, trainable: Any) -> Any:
+        """`PartitionSpec`s of the trainable: `rl.placement.zero_specs` (over ``model`` and
+        ``data``) when `shard_weights`, else replicated."""
+        if not self.shard_weights:
+            return jax.tree.map(lambda _: P(), trainable)
+        return zero_specs(trainable, self.mesh, self.model_config)
+
+    def state_shardings(self, trainable: Any, opt_state: Any) -> tuple[Any, Any]:
+        """`NamedSharding`s of (trainable, optimiser state) with `shard_weights`: every device
+        holds 1/data of the float32 masters and of AdamW's m and v (`rl.placement.zero_placement`:
+        ZeRO's partition of the optimiser state, parameters and gradients)."""
+        return zero_placement(trainable, opt_state, self.optimizer, self.mesh, self.model_config)
+
+    def place_state(self, trainable: Any, opt_state: Any) -> tuple[Any, Any]:
+        """(trainable, optimiser state) as global arrays with `state_shardings` (kept when they
+        have them already: only a fresh or restored state moves)."""
+        trainable, opt_state = on_mesh((trainable, opt_state), self.mesh)
+        if not self.shard_weights:
+            return trainable, opt_state
+        t_sh, o_sh = self.state_shardings(trainable, opt_state)
+        return jax.device_put(trainable, t_sh), jax.device_put(opt_state, o_sh)
+
+    def compute_weights(self, policy: FrozenPolicy, trainable: Any) -> Any:
+        """What a program's shard_map receives of the trainable: with `shard_weights` the masters
+        cast to the base's dtype outside it (`lora.full.compute_copy`, elementwise on the shards),
+        so entering the shard_map (replicated over ``data``) all-gathers bfloat16 weights, half
+        the bytes of the float32 masters; else the trainable as it is."""
+        return compute_copy(trainable, policy.base) if self.shard_weights else trainable
+
+    def weights(self, policy: FrozenPolicy, trainable: Any) -> Any:
+        """The weights the policy runs with: the base, or with full-parameter training
+        (`to_params`, `lora.full.merge_weights`) the trained weights cast to the base's dtype."""
+        return model_weights(trainable, policy.base, self.to_params)
 
     # -- rollout
 
@@ -119,13 +166,13 @@ class GRPOPrograms:
         )
 
         def body(policy, trainable, tokens, mask, keys):
-            lora = self.to_lora(trainable, policy.adapter)
+            lora, params = self.to_lora(trainable, policy.adapter), self.weights(policy, trainable)
             if one_key:
                 return generate(
-                    policy.base, self.model_config, tokens, mask, keys, lora=lora, **settings
+                    params, self.model_config, tokens, mask, keys, lora=lora, **settings
                 )
             return generate_chunked(
-                policy.base,
+                params,
                 self.model_config,
                 tokens,
                 mask,
@@ -137,7 +184,7 @@ class GRPOPrograms:
 
         key_spec = P() if one_key else ROWS
         return over_data(body, self.mesh, (P(), P(), ROWS, ROWS, key_spec), ROWS)(
-            policy, trainable, tokens, mask, keys
+            policy, self.compute_weights(policy, trainable), tokens, mask, keys
         )
 
     # -- scoring
@@ -160,10 +207,14 @@ class GRPOPrograms:
         def body(policy, trainable, tokens, attention_mask):
             out = []
             lora = self.to_lora(trainable, policy.adapter)
-            for on, adapter in ((with_policy, lora), (with_ref, None)):
+            ref = (policy.base, None)  # the initial weights with no adapter
+            for on, (params, adapter) in (
+                (with_policy, (self.weights(policy, trainable), lora)),
+                (with_ref, ref),
+            ):
                 out.append(
                     sequence_logprobs(
-                        policy.base,
+                        params,
                         self.model_config,
                         tokens,
                         attention_mask,
@@ -178,7 +229,7 @@ class GRPOPrograms:
             return out[0], out[1]
 
         return over_data(body, self.mesh, (P(), P(), ROWS, ROWS), (ROWS, ROWS))(
-            policy, trainable, tokens, attention_mask
+            policy, self.compute_weights(policy, trainable), tokens, attention_mask
         )
 
     # -- the loss and the update
@@ -191,7 +242,7 @@ class GRPOPrograms:
         cfg = self.cfg
         num_new = batch.completion_mask.shape[1]
         lp, ent = sequence_logprobs(
-            policy.base,
+            self.weights(policy, trainable),
             self.model_config,
             batch.tokens,
             batch.attention_mask,
@@ -223,10 +274,17 @@ class GRPOPrograms:
         trainable: Any,
         batch: RolloutBatch,
         weights: jax.Array,
+        specs: Any = None,
     ) -> tuple[tuple[jax.Array, dict[str, jax.Array]], Any]:
         """((losses [n], auxs [n]), sum_i w_i grad_i) of one device's rows [b, ...] split into
         n contiguous micro-batches under `lax.scan` (one micro-batch's activations alive at a
-        time), `weights` [n] those of `micro_batch_weights`."""
+        time), `weights` [n] those of `micro_batch_weights`.
+
+        `specs` (inside `over_data`, `shard_weights`): each weighted micro-batch gradient is
+        reduce-scattered over ``data`` as it is made (`mesh.data_psum_scatter`, FSDP's
+        reduce-scatter per micro-batch), so the float32 accumulator is this device's 1/data
+        shard of every leaf and the sum over devices is done; None: the local sum.
+        """
         grad_fn = jax.value_and_grad(self.loss, argnums=1, has_aux=True)
         n = weights.shape[0]
         micro = jax.tree.map(lambda x: x.reshape(n, -1, *x.shape[1:]), batch)
@@ -234,11 +292,21 @@ class GRPOPrograms:
         def one(acc, xs):
             mb, w = xs
             (loss, aux), g = grad_fn(policy, trainable, mb)
-            acc = jax.tree.map(lambda a, gi: a + w.astype(gi.dtype) * gi, acc, g)
-            return acc, (loss, aux)
+            g = jax.tree.map(lambda gi: w * gi.astype(jnp.float32), g)
+            if specs is not None:
+                g = data_psum_scatter(g, specs, self.mesh)
+            return jax.tree.map(jnp.add, acc, g), (loss, aux)
 
-        zero = jax.tree.map(jnp.zeros_like, trainable)
-        grads, (losses, auxs) = jax.lax.scan(one, zero, (micro, weights))
+        # float32 accumulators whatever the trainable's dtype (a sharded update differentiates the
+        # bfloat16 compute copy, `compute_weights`), of the shard's shape when scattered.
+        def zero(x: jax.Array, spec: Any) -> jax.Array:
+            shape = list(x.shape)
+            if specs is not None and (k := data_dim(spec)) is not None:
+                shape[k] //= self.data
+            return jnp.zeros(shape, jnp.float32)
+
+        zeros = jax.tree.map(zero, trainable, specs if specs is not None else trainable)
+        grads, (losses, auxs) = jax.lax.scan(one, zeros, (micro, weights))
         return (losses, auxs), grads
 
     def loss_and_grad(
@@ -296,6 +364,7 @@ class GRPOPrograms:
         cfg.check_micro_batch(num_rows, d)
         local = padded // d
         n = local // (cfg.micro_batch_size or local)
+        specs = self.trainable_specs(trainable)
 
         def body(policy, trainable, batch):
             if n * d == 1:
@@ -311,8 +380,11 @@ class GRPOPrograms:
             mine = weights
             if d > 1:
                 mine = jax.lax.dynamic_slice_in_dim(weights, jax.lax.axis_index(DATA_AXIS) * n, n)
-            (losses, auxs), grads = self._accumulate(policy, trainable, batch, mine)
-            grads = data_psum(grads, self.mesh)  # the one all-reduce of the update
+            if self.shard_weights:  # reduce-scattered per micro-batch: each device its shard
+                (losses, auxs), grads = self._accumulate(policy, trainable, batch, mine, specs)
+            else:
+                (losses, auxs), grads = self._accumulate(policy, trainable, batch, mine)
+                grads = data_psum(grads, self.mesh)  # the one all-reduce of the update
             losses, auxs = data_all_gather((losses, auxs), self.mesh)
             aux = combine_micro_batch_aux(auxs, masks, weights)
             if num_rows < padded:
@@ -325,11 +397,16 @@ class GRPOPrograms:
                 )
             return jnp.sum(weights * losses), aux, grads
 
-        loss, aux, grads = over_data(body, self.mesh, (P(), P(), ROWS), (P(), P(), P()))(
-            policy, trainable, batch
+        grad_specs = jax.tree.map(data_only, specs) if self.shard_weights else P()
+        loss, aux, grads = over_data(body, self.mesh, (P(), P(), ROWS), (P(), P(), grad_specs))(
+            policy, self.compute_weights(policy, trainable), batch
         )
         updates, opt_state = self.optimizer.update(grads, opt_state, trainable)
         trainable = optax.apply_updates(trainable, updates)
+        if self.shard_weights:  # the new state keeps the old one's shards
+            t_sh, o_sh = self.state_shardings(trainable, opt_state)
+            trainable = jax.lax.with_sharding_constraint(trainable, t_sh)
+            opt_state = jax.lax.with_sharding_constraint(opt_state, o_sh)
         metrics = {
             **aux,
             "loss": loss,

@@ -15,7 +15,9 @@ One step (GRPO, arXiv 2402.03300, Alg. 1; F-GRPO, arXiv 2602.06717):
 What is trained is decided by the caller through two inputs, so GRPO on a LoRA and the ESSA paper's
 SVD-GRPO baseline (gradients on the singular values only, U and V frozen) share all the code:
   * `trainable`: the pytree the optimiser updates (LoRA dict, singular values, or a genome);
-  * `to_lora(trainable, frozen_adapter) -> {target: adapter}`: the model's LoRA hook argument.
+  * `to_lora(trainable, frozen_adapter) -> {target: adapter}`: the model's LoRA hook argument;
+  * `to_params(trainable, base) -> weights` (full-parameter training, `essa_jax.lora.full`: the
+    trained weights cast to the base's dtype; the base stays the KL reference), or None.
 `essa_jax.lora.policies` (`lora_policy`, `svd_policy`, `genome_policy`) builds the standard choices;
 this module knows nothing of them (the default `to_lora` passes `trainable` through as the LoRA).
 
@@ -52,6 +54,7 @@ import optax
 from jax.sharding import Mesh
 
 from essa_jax.lora.adapter import ToLora, master_weights, plain_to_lora
+from essa_jax.lora.full import ToParams
 from essa_jax.mesh import allgather_owned, local_blocks, padded_size
 from essa_jax.models.config import ModelConfig
 from essa_jax.models.generate import Generation
@@ -59,7 +62,7 @@ from essa_jax.models.tokenizer import decode_completions
 from essa_jax.rl.config import GRPOConfig
 from essa_jax.rl.optimizer import make_optimizer
 from essa_jax.rl.outcomes import compute_advantages, step_metrics
-from essa_jax.rl.placement import on_mesh, one_device_mesh
+from essa_jax.rl.placement import on_mesh, one_device_mesh, zero_init
 from essa_jax.rl.programs import GRPOPrograms
 from essa_jax.rl.state import FrozenPolicy, GRPOState, RewardFn, RolloutBatch
 
@@ -84,6 +87,9 @@ class GRPOTrainer(GRPOPrograms):
         `update_step` are the programs of `GRPOPrograms` (rows sharded over ``data``, padded to it
         by `essa_jax.mesh.pad_to`); `update_step` takes `num_rows` (static: the real rows of the
         batch, the rest padding).
+      to_params: full-parameter training (`lora.full`): `(trainable, base) -> weights`
+        (`merge_weights`), with `to_lora=no_lora`; the policy's base stays the initial weights,
+        the KL reference. None = the base as it is (adapter training).
     """
 
     def __init__(
@@ -97,6 +103,7 @@ class GRPOTrainer(GRPOPrograms):
         optimizer: optax.GradientTransformation | None = None,
         eos_token_ids: Sequence[int] | None = None,
         mesh: Mesh | None = None,
+        to_params: ToParams | None = None,
     ):
         super().__init__(
             model_config,
@@ -105,6 +112,7 @@ class GRPOTrainer(GRPOPrograms):
             optimizer or make_optimizer(cfg),
             model_config.eos_token_ids if eos_token_ids is None else eos_token_ids,
             one_device_mesh() if mesh is None else mesh,
+            to_params,
         )
         self.reward_fn = reward_fn
         self.decode = decode
@@ -120,10 +128,17 @@ class GRPOTrainer(GRPOPrograms):
         """
         if jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
             key = jax.random.key_data(key)
-        trainable = master_weights(trainable)
+        if self.shard_weights and not isinstance(jax.tree.leaves(trainable)[0], jax.core.Tracer):
+            # ZeRO: masters and AdamW state made on their shards (`rl.placement.zero_init`).
+            trainable, opt_state = zero_init(
+                trainable, self.optimizer, self.mesh, self.model_config
+            )
+        else:
+            trainable = master_weights(trainable)
+            opt_state = self.optimizer.init(trainable)
         return GRPOState(
             params=trainable,
-            opt_state=self.optimizer.init(trainable),
+            opt_state=opt_state,
             step=jnp.zeros((), jnp.int32),
             key=jnp.asarray(key),
         )
@@ -228,7 +243,8 @@ class GRPOTrainer(GRPOPrograms):
         key, k_roll, k_shuffle = jax.random.split(key, 3)
         # Host values every process holds identically -> global arrays (nothing travels); the
         # base weights should come placed already (`place_base`), then this keeps them.
-        policy, params, opt_state = on_mesh((policy, state.params, state.opt_state), mesh)
+        policy = on_mesh(policy, mesh)
+        params, opt_state = self.place_state(state.params, state.opt_state)
         tokens, mask, k_roll = on_mesh(
             (
                 np.asarray(prompt_tokens, np.int32),

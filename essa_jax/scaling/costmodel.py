@@ -178,7 +178,13 @@ class UpdateProgram:
     micro_batch_rows: rows per micro-batch; sequence: p + n; remat: a second forward;
     grad_bytes: bytes of the gradient psum across data groups (the HLO all-reduce payload of
     the compiled update, outside every loop: exact); score_passes: forward passes over the rows
-    for old / reference log-probs (0 when the config needs neither)."""
+    for old / reference log-probs (0 when the config needs neither).
+
+    Full-parameter training with ZeRO over data (`lora.full`, docs/ARCHITECTURE.md): grad_bytes
+    0; weight_gather_bytes: the bf16 weights every program all-gathers over data on entry (the
+    HLO all-gather payload of the compiled update: rollout, each scoring pass and the update each
+    gather them once); grad_scatter_bytes: the float32 gradient reduce-scattered over data, summed
+    over the update's micro-batches (the HLO reduce-scatter payloads times their trip counts)."""
 
     micro_batch_rows: int
     sequence: int
@@ -186,6 +192,8 @@ class UpdateProgram:
     grad_bytes: float
     score_passes: int = 0
     xla_flops: float = 0.0
+    weight_gather_bytes: float = 0.0
+    grad_scatter_bytes: float = 0.0
 
 
 # ---------------------------------------------------------------------------------------------
@@ -210,7 +218,8 @@ def allreduce_time(nbytes: float, n: int, chip: Chip, bandwidth: float | None = 
 
 
 def allgather_time(nbytes: float, n: int, chip: Chip) -> float:
-    """Ring all-gather of a value of `nbytes` in total: n - 1 steps, (n - 1) / n x bytes each."""
+    """Ring all-gather of a value of `nbytes` in total: n - 1 steps, (n - 1) / n x bytes each.
+    A ring reduce-scatter of `nbytes` (the summed value) moves the same bytes in as many steps."""
     if n <= 1 or nbytes <= 0:
         return 0.0
     bw, lat = _link(n, chip)
@@ -356,6 +365,12 @@ def grpo_step_time(
         "score": upd_t["score"],
         "update": upd_t["update"] + upd_t["tp_allreduce"],
         "grad_allreduce": allreduce_time(upd.grad_bytes, r, chip),
+        # ZeRO (full-parameter): the bf16 weights gathered by the rollout, each scoring pass and
+        # the update; the gradient reduce-scattered (a ring reduce-scatter = an all-gather's
+        # bytes; latency counted once per update, the micro-batches' payloads summed).
+        "weight_allgather": (2 + upd.score_passes)
+        * allgather_time(upd.weight_gather_bytes, r, chip),
+        "grad_reducescatter": allgather_time(upd.grad_scatter_bytes, r, chip),
     }
     phases["total"] = sum(phases.values())
     phases["rows_per_replica"] = rows

@@ -32,6 +32,8 @@ from essa_jax.config import (
     grpo_config,
     search_seed,
 )
+from essa_jax.lora.full import TrainedWeights, merge_weights, no_lora
+from essa_jax.mesh import host_copy
 from essa_jax.rl import (
     FrozenPolicy,
     GRPOConfigError,
@@ -134,6 +136,7 @@ def grpo_trainer(
     decode: Any,
     eos: tuple[int, ...],
     mesh: Any,
+    to_params: Any = None,
 ) -> GRPOTrainer:
     """The one GRPOTrainer of `config`'s run: the loop's (the task's reward and tokenizer) and the
     plan's (placeholders: nothing is sampled)."""
@@ -145,6 +148,7 @@ def grpo_trainer(
         decode=decode,
         eos_token_ids=eos,
         mesh=mesh,
+        to_params=to_params,
     )
 
 
@@ -173,8 +177,12 @@ class GRPOLoop:
         self.svd = variant.svd
         self.layout = genome_layout(c, run.model_config.num_layers)
         # The to_lora of the policy init_state builds (genome_policy / lora_policy); the trainer
-        # needs it now, before the SFT adapter exists.
-        if self.svd:
+        # needs it now, before the SFT adapter exists. train.params = "full" / "projections":
+        # the weights are trained (lora.full), the base stays the initial weights (KL reference).
+        self.full = c.train.params != "lora"
+        if self.full:
+            self.to_lora = no_lora
+        elif self.svd:
             self.to_lora = lora_lib.genome_to_lora(self.layout)
         else:
             self.to_lora = lora_lib.plain_to_lora
@@ -188,16 +196,21 @@ class GRPOLoop:
             decode=lambda ids: tok.decode(ids, skip_special_tokens=True),
             eos=run.sampler.eos_token_ids,
             mesh=run.mesh,
+            to_params=merge_weights if self.full else None,
         )
         # Placed once: a jitted call would otherwise transfer the weights on every step.
         # The quantised base when model.quantize is set: rollouts, scores and updates all run on
         # it (QLoRA-style: the gradient reaches the adapter through the dequantised kernels), so
         # the policy that samples is the one that is scored (on-policy ratios).
         base = run.infer_params
-        self.base = base if run.mesh is None else place_base(base, run.mesh, run.model_config)
+        if run.mesh is not None:
+            base = place_base(base, run.mesh, run.model_config, shard_data=self.full)
+        self.base = base
 
-    def init_state(self, key: jax.Array, sft_lora: dict) -> GRPOLoopState:
-        if self.svd:
+    def init_state(self, key: jax.Array, sft_lora: Any) -> GRPOLoopState:
+        if self.full:  # the SFT weights' masters (`pipeline.initial_policy`, `train_sft`)
+            trainable, frozen = sft_lora.masters, None
+        elif self.svd:
             sft_lora = {t: sft_lora[t] for t in self.layout.targets}
             basis, layout = lora_lib.svd_factorize(sft_lora, self.run.config.essa.alpha)
             assert layout == self.layout, (layout, self.layout)
@@ -217,13 +230,17 @@ class GRPOLoop:
         device); as it is without a mesh."""
         if self.run.mesh is None:
             return tree
-        return jax.tree.map(jnp.asarray, jax.device_get(tree))
+        return jax.tree.map(jnp.asarray, host_copy(tree))  # ZeRO state: gathered across processes
 
-    def policy_lora(self, state: GRPOLoopState) -> dict:
+    def policy_lora(self, state: GRPOLoopState) -> Any:
+        if self.full:
+            return TrainedWeights(self._local(state.grpo.params))
         return self.to_lora(self._local(state.grpo.params), self._local(state.frozen))
 
-    def export_lora(self, state: GRPOLoopState) -> dict:
+    def export_lora(self, state: GRPOLoopState) -> Any:
         params, frozen = self._local(state.grpo.params), self._local(state.frozen)
+        if self.full:
+            return TrainedWeights(params)
         if self.svd:
             return lora_lib.svd_lora_to_lora(frozen, self.layout, params)
         return params
@@ -271,7 +288,20 @@ def grpo_programs(inputs: ProgramInputs, variant: GRPOVariant) -> list[Program]:
 
     c, mc, rep, mesh = inputs.config, inputs.mc, inputs.rep, inputs.mesh
     tp, new = inputs.prompt_len, inputs.new_tokens
-    if variant.svd:
+    from essa_jax.lora.adapter import master_weights
+    from essa_jax.lora.full import full_policy
+    from essa_jax.mesh import place_params
+
+    base = inputs.infer_base
+    full = c.train.params != "lora"
+    if full:  # the weights' float32 masters; the base split over data too (as GRPOLoop)
+        to_lora, frozen = no_lora, None
+        trainable = jax.eval_shape(
+            lambda p: master_weights(full_policy(p, c.train.params)[0]), base
+        )
+        if mesh is not None:
+            base = place_params(base, mesh, mc, shard_data=True)
+    elif variant.svd:
         basis, layout = lora_lib.basis_shape(inputs.lora_shape, float(c.essa.alpha))
         to_lora = lora_lib.genome_to_lora(layout)
         frozen = abstract(basis, rep)
@@ -281,11 +311,21 @@ def grpo_programs(inputs: ProgramInputs, variant: GRPOVariant) -> list[Program]:
         trainable = abstract(inputs.lora_shape, rep)
     trainer = grpo_trainer(
         c, variant, mc, to_lora, reward_fn=lambda *a, **k: [], decode=str, eos=inputs.eos,
-        mesh=mesh,
+        mesh=mesh, to_params=merge_weights if full else None,
     )  # fmt: skip
     cfg = trainer.cfg
-    policy = FrozenPolicy(base=inputs.infer_base, adapter=frozen)
-    opt_state = abstract(jax.eval_shape(trainer.optimizer.init, trainable), rep)
+    policy = FrozenPolicy(base=base, adapter=frozen)
+    opt_state = jax.eval_shape(trainer.optimizer.init, trainable)
+    if full:  # ZeRO over data: the run's `GRPOPrograms.place_state`
+        t_sh, o_sh = trainer.state_shardings(trainable, opt_state)
+        trainable = jax.tree.map(
+            lambda x, sh: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh), trainable, t_sh
+        )
+        opt_state = jax.tree.map(
+            lambda x, sh: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh), opt_state, o_sh
+        )
+    else:
+        opt_state = abstract(opt_state, rep)
     num_prompts = int(c.grpo.batch_size) // int(c.grpo.group_size)
     rows, seq = int(c.grpo.batch_size), tp + new
     mb = rows // int(c.grpo.num_minibatches)

@@ -34,6 +34,9 @@ class Method:
 
     name: str
     needs_sft: bool = True
+    # Whether it can train the model's weights instead of an adapter (`train.params` "full" /
+    # "projections", `lora.full`): a gradient method on the model's own parameters.
+    trains_weights: bool = True
 
     def validate(self, config: Any, num_devices: int, model_config: Any) -> None:
         """Check the method's own config section; raise ConfigError naming the field."""
@@ -146,10 +149,10 @@ def get_method(name: str) -> Method:
 
 
 for _m in (
-    ESSAMethod("essa"),
+    ESSAMethod("essa", trains_weights=False),
     GRPOMethod("grpo"),
     GRPOMethod("fgrpo", weighting="focal"),
-    GRPOMethod("svdgrpo", needs_sft=True, svd=True),
+    GRPOMethod("svdgrpo", needs_sft=True, svd=True, trains_weights=False),
     Method("sft"),
 ):
     register_method(_m)
@@ -173,6 +176,14 @@ def validate_config(config: Any, num_devices: int | None = None, *, model_config
             "integers >= 1 for method " + repr(config.method),
             "it starts from an SFT warm start: singular values of a zero-initialised LoRA B are "
             "all 0",
+        )
+    if config.train.params != "lora" and not method.trains_weights:
+        able = [n for n, m in _METHODS.items() if m.trains_weights]
+        raise ConfigError(
+            "train.params",
+            config.train.params,
+            f"'lora' for method {config.method!r}",
+            f"the model's weights are trained by methods {' | '.join(able)}",
         )
     method.validate(config, num_devices, model_config)
     check_rows(config, data_axis(config, num_devices))

@@ -44,6 +44,8 @@ from essa_jax.checkpointing import (
 )
 from essa_jax.config import search_seed
 from essa_jax.evaluation import heldout_accuracy, heldout_pass_at_k
+from essa_jax.lora.full import TrainedWeights, full_policy, merge_weights, policy_inputs
+from essa_jax.models.export import save_hf_dir
 from essa_jax.models.loading import RANDOM_PREFIX
 from essa_jax.preemption import Preempted, PreemptionGuard
 from essa_jax.train import summary as summary_lib
@@ -237,16 +239,18 @@ def build_run(config, workdir: str, *, verbose: bool = True) -> Run:
 def evaluate_policy(
     run: Run, lora: Any, *, step: int | None = None, evaluation: str = ""
 ) -> dict[str, Any]:
-    """Greedy held-out accuracy of the policy `lora` (None: the base model) on the run's inference
+    """Greedy held-out accuracy of the policy `lora` (None: the base model; `TrainedWeights`: a
+    full-parameter run's weights) on the run's inference
     base (`Run.infer_params`: quantised when `model.quantize` is set), with its 95% CI and
     per-problem `solved` string (`essa_jax.evaluation.heldout_accuracy`). With a `step`, the
     first `eval.samples_to_log` completions go to eval_samples.jsonl, tagged with `step` and
     `evaluation` (`MetricsLogger.write_samples`)."""
     data = run.heldout
+    params, lora = policy_inputs(lora, run.infer_params)
     sample = policy_sample_fn(
         run.sampler,
         run.tokenizer,
-        run.infer_params,
+        params,
         data,
         jax.random.PRNGKey(0),
         batch_size=run.config.eval.batch_size,
@@ -259,18 +263,29 @@ def evaluate_policy(
     return ev
 
 
+def initial_policy(run: Run, key: jax.Array) -> Any:
+    """What SFT starts from (`config.train.params`): a fresh LoRA, or the base's weights as
+    float32 masters (`TrainedWeights`, full-parameter training, `lora.full`)."""
+    subset = run.config.train.params
+    if subset != "lora":
+        return TrainedWeights(full_policy(run.params, subset)[0])
+    # float32 whatever the model dtype: the trained adapter is a master copy (lora.master_weights).
+    return lora_lib.init_lora(key, run.model_config, run.lora_config, jnp.float32)
+
+
 def _sft(run: Run, key: jax.Array) -> tuple[dict, dict[str, Any]]:
-    """Train the SFT adapter; return it and its held-out accuracy."""
+    """Train the SFT adapter (or, with `train.params`, the weights); return it and its held-out
+    accuracy."""
     c = run.config
     t0 = time.perf_counter()
-    # float32 whatever the model dtype: the trained adapter is a master copy (lora.master_weights).
-    lora0 = lora_lib.init_lora(key, run.model_config, run.lora_config, jnp.float32)
+    lora0 = initial_policy(run, key)
+    full = isinstance(lora0, TrainedWeights)
 
     def log_fn(step: int, m: dict[str, float]) -> None:
         run.logger.write("sft", step, wall_s=time.perf_counter() - t0, tokens=0, **m)
 
     sft_lora = train_sft(
-        lora0,
+        lora0.masters if full else lora0,
         run.params,
         run.model_config,
         run.train,
@@ -280,7 +295,10 @@ def _sft(run: Run, key: jax.Array) -> tuple[dict, dict[str, Any]]:
         log_fn=log_fn,
         remat=bool(c.model.remat),
         mesh=run.mesh,
+        to_params=merge_weights if full else None,
     )
+    if full:
+        sft_lora = TrainedWeights(sft_lora)
     sft_s = time.perf_counter() - t0
     ev = evaluate_policy(run, sft_lora, step=0, evaluation="sft")
     base = evaluate_policy(run, None, step=0, evaluation="base") if c.eval.base_model else None
@@ -444,16 +462,27 @@ def _train_and_evaluate(config, workdir, resume, verbose, allow_config_change, g
     summary = summary_lib.make_summary(config, meta, final, pass_k)
     summary["malformed_rows_skipped"] = run.malformed_skipped
     if _is_main():
-        # Written beside the previous adapter, then renamed over it: a full disk never leaves a
-        # partial adapter where a good one was.
-        adapter = os.path.join(workdir, "adapter")
-        lora_lib.export_peft(
-            f"{adapter}.tmp-{os.getpid()}",
-            export,
-            run.lora_config,
-            base_model_name_or_path=config.model.path,
-        )
-        replace_dir(f"{adapter}.tmp-{os.getpid()}", adapter)
+        # Written beside the previous export, then renamed over it: a full disk never leaves a
+        # partial adapter or model where a good one was.
+        if isinstance(export, TrainedWeights):
+            # Full-parameter training: the trained model as a Hugging Face checkpoint.
+            out = os.path.join(workdir, "model")
+            save_hf_dir(
+                f"{out}.tmp-{os.getpid()}",
+                merge_weights(export.masters, run.params),
+                run.model_config,
+                config.model.path,
+                config.model.tokenizer,
+            )
+        else:
+            out = os.path.join(workdir, "adapter")
+            lora_lib.export_peft(
+                f"{out}.tmp-{os.getpid()}",
+                export,
+                run.lora_config,
+                base_model_name_or_path=config.model.path,
+            )
+        replace_dir(f"{out}.tmp-{os.getpid()}", out)
         summary_lib.write_summary(workdir, summary, verbose=run.verbose)
         title = f"{config.method} {config.task.name}"
         summary_lib.plot_run(workdir, run.logger.history, title=title)
@@ -498,8 +527,11 @@ def _rescore_baseline(run: Run, loop, state: Any, meta: dict) -> dict:
 
 
 def _template(run: Run, loop, key: jax.Array) -> Any:
-    """A state with the structure of a checkpoint (built from a zero adapter: cheap, no SFT)."""
-    lora0 = lora_lib.init_lora(key, run.model_config, run.lora_config, jnp.float32)
+    """A state with the structure of a checkpoint (built from a zero adapter or the base's
+    weights: cheap, no SFT)."""
+    lora0 = initial_policy(run, key)
+    if isinstance(lora0, TrainedWeights):  # the checkpoint holds float32 masters (on the host)
+        lora0 = TrainedWeights(jax.tree.map(lambda x: np.asarray(x, np.float32), lora0.masters))
     if loop is None:
         return {"lora": lora0}
     return loop.init_state(key, lora0)
@@ -513,10 +545,11 @@ def _pass_at_k(run: Run, lora: Any) -> dict[str, Any]:
     correct counts (`pass_correct`, for paired comparisons)."""
     c = run.config.eval
     data = run.heldout.take(np.arange(min(c.pass_k_problems, len(run.heldout))))
+    params, lora = policy_inputs(lora, run.infer_params)
     sample = policy_sample_fn(
         run.sampler,
         run.tokenizer,
-        run.infer_params,
+        params,
         data,
         jax.random.PRNGKey(run.config.seed + 7),
         batch_size=c.batch_size,

@@ -28,10 +28,14 @@ from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
 from essa_jax.lora.adapter import master_weights
+from essa_jax.lora.full import ToParams, compute_copy, model_weights
 from essa_jax.mesh import (
     DATA_AXIS,
     axis_size,
+    data_only,
     data_psum,
+    data_psum_scatter,
+    host_copy,
     over_data,
     padded_size,
     place,
@@ -40,6 +44,7 @@ from essa_jax.mesh import (
 from essa_jax.models import sequence_logprobs
 from essa_jax.rl import on_mesh, place_base
 from essa_jax.rl.optimizer import adamw as make_optimizer  # the one builder (rl.optimizer)
+from essa_jax.rl.placement import zero_init, zero_placement, zero_specs
 from essa_jax.train.rollouts import PromptSet, init_cursor, next_indices
 
 
@@ -83,8 +88,10 @@ def sft_loss_and_grad(
     *,
     remat: bool = False,
     micro_batch_size: int = 0,
+    to_params: ToParams | None = None,
 ) -> tuple[jax.Array, Any]:
     """(sft_loss, its gradient w.r.t. lora) of a batch [B, T], optionally in micro-batches.
+    `lora` is the trainable, the adapter or (with `to_params`) the weights (`lora.full`).
 
     micro_batch_size = 0 (or B): one pass. Else the B rows are split into B / micro_batch_size
     contiguous micro-batches under `lax.scan`, each adding the gradient of its NLL *sum*
@@ -93,17 +100,25 @@ def sft_loss_and_grad(
     micro-batch's activations alive at a time.
     """
     B = tokens.shape[0]
+
+    def inputs(trainable):  # (weights, adapter) of the model
+        return model_weights(trainable, params, to_params), None if to_params else trainable
+
     if not micro_batch_size or micro_batch_size == B:
-        return jax.value_and_grad(sft_loss)(
-            lora, params, model_config, tokens, mask, loss_mask, remat
-        )
+
+        def loss(trainable):
+            weights, adapter = inputs(trainable)
+            return sft_loss(adapter, weights, model_config, tokens, mask, loss_mask, remat)
+
+        return jax.value_and_grad(loss)(lora)
     if micro_batch_size < 0 or B % micro_batch_size:
         raise ValueError(f"sft micro_batch_size={micro_batch_size} must divide the batch size {B}")
     n = B // micro_batch_size
     split = lambda x: x.reshape(n, micro_batch_size, *x.shape[1:])  # noqa: E731
 
-    def nll_sum(lora, tok, m, lm):
-        lp = sequence_logprobs(params, model_config, tok, m, lora=lora, remat=remat)
+    def nll_sum(trainable, tok, m, lm):
+        weights, adapter = inputs(trainable)
+        lp = sequence_logprobs(weights, model_config, tok, m, lora=adapter, remat=remat)
         return -jnp.sum(lp * lm[:, 1:].astype(jnp.float32))
 
     def micro(acc, xs):
@@ -111,7 +126,11 @@ def sft_loss_and_grad(
         val, g = jax.value_and_grad(nll_sum)(lora, *xs)
         return (loss_sum + val, jax.tree.map(jnp.add, grad_sum, g)), None
 
-    zero = (jnp.zeros((), jnp.float32), jax.tree.map(jnp.zeros_like, lora))
+    # float32 accumulators whatever the trainable's dtype (ZeRO differentiates the bf16 copy).
+    zero = (
+        jnp.zeros((), jnp.float32),
+        jax.tree.map(lambda x: jnp.zeros(x.shape, jnp.float32), lora),
+    )
     (loss_sum, grad_sum), _ = jax.lax.scan(
         micro, zero, (split(tokens), split(mask), split(loss_mask))
     )
@@ -121,7 +140,7 @@ def sft_loss_and_grad(
 
 @functools.partial(
     jax.jit,
-    static_argnames=("model_config", "optimizer", "remat", "micro_batch_size", "mesh"),
+    static_argnames=("model_config", "optimizer", "remat", "micro_batch_size", "mesh", "to_params"),
     donate_argnums=(0, 1),
 )
 def sft_step(
@@ -136,8 +155,13 @@ def sft_step(
     remat: bool = False,
     micro_batch_size: int = 0,
     mesh: Mesh | None = None,
+    to_params: ToParams | None = None,
 ):
     """One AdamW step on a batch; returns (lora, opt_state, metrics).
+
+    `lora` is the trainable: the adapter, or with `to_params` (static; `lora.full.merge_weights`)
+    the float32 master weights of full-parameter training, run as `to_params(lora, params)`
+    with no adapter.
 
     lora and opt_state are donated; tokens, mask, loss_mask [B, T]. `remat` and
     `micro_batch_size` as in `sft_loss_and_grad` (static). Lowerable ahead of time with
@@ -148,7 +172,14 @@ def sft_step(
     shard_map of the GRPO programs), then one psum adds the device losses / gradients weighed by
     w_d = max(N_d, 1) / max(N, 1), N_d / N the target tokens of device d / of the batch, so the
     result is the whole batch's mean NLL over its N tokens (to summation order).
+
+    Full-parameter on a data axis > 1 (ZeRO, as `rl.programs`): the masters and AdamW state come
+    split over ``data`` (`rl.placement.zero_placement`); the shard_map receives their bf16 copy
+    (`lora.full.compute_copy`: one all-gather), and the gradient is reduce-scattered back to the
+    shards (`mesh.data_psum_scatter`).
     """
+    zero = mesh is not None and to_params is not None and axis_size(mesh, DATA_AXIS) > 1
+    specs = zero_specs(lora, mesh, model_config) if zero else None
 
     def body(lora, params, tokens, mask, loss_mask):
         loss, grads = sft_loss_and_grad(
@@ -160,20 +191,31 @@ def sft_step(
             loss_mask,
             remat=remat,
             micro_batch_size=micro_batch_size,
+            to_params=to_params,
         )
         if mesh is None:
             return loss, grads
         count = jnp.sum(loss_mask[:, 1:].astype(jnp.float32))
         w = jnp.maximum(count, 1.0) / jnp.maximum(data_psum(count, mesh), 1.0)
-        grads = jax.tree.map(lambda g: w.astype(g.dtype) * g, grads)
+        grads = jax.tree.map(lambda g: w * g.astype(jnp.float32), grads)
+        if zero:
+            return data_psum(w * loss, mesh), data_psum_scatter(grads, specs, mesh)
         return data_psum((w * loss, grads), mesh)
 
+    trainable = lora
     if mesh is not None:
         rows = P(DATA_AXIS)
-        body = over_data(body, mesh, (P(), P(), rows, rows, rows), P())
-    loss, grads = body(lora, params, tokens, mask, loss_mask)
+        grad_specs = jax.tree.map(data_only, specs) if zero else P()
+        body = over_data(body, mesh, (P(), P(), rows, rows, rows), (P(), grad_specs))
+        if zero:
+            trainable = compute_copy(lora, params)
+    loss, grads = body(trainable, params, tokens, mask, loss_mask)
     updates, opt_state = optimizer.update(grads, opt_state, lora)
     lora = optax.apply_updates(lora, updates)
+    if zero:  # the new state keeps the old one's shards
+        t_sh, o_sh = zero_placement(lora, opt_state, optimizer, mesh, model_config)
+        lora = jax.lax.with_sharding_constraint(lora, t_sh)
+        opt_state = jax.lax.with_sharding_constraint(opt_state, o_sh)
     return lora, opt_state, {"loss": loss, "grad_norm": optax.tree.norm(grads)}
 
 
@@ -189,6 +231,7 @@ def train_sft(
     log_fn=None,
     remat: bool = False,
     mesh: Mesh | None = None,
+    to_params: ToParams | None = None,
 ) -> Any:
     """`sft_config.steps` AdamW steps of batch `sft_config.batch_size`; returns the trained LoRA.
 
@@ -201,6 +244,9 @@ def train_sft(
     arguments): each batch is padded to the axis with copies of its row 0 carrying no loss
     (`mesh.pad_to`'s rule), sharded, and `micro_batch_size` counts rows per device; the base
     weights are placed once (`rl.place_base`) and the LoRA comes back as a local copy.
+
+    to_params: full-parameter SFT (`lora.full`): `lora` is then `full_policy`'s trainable (the
+    weights' float32 masters) and `to_params` its `merge_weights`.
     """
     tokens, mask, loss_mask = sft_sequences(data, pad_id)
     optimizer = make_optimizer(
@@ -208,8 +254,12 @@ def train_sft(
         float(sft_config.weight_decay),
         float(sft_config.max_grad_norm),
     )
-    lora = master_weights(lora)
-    opt_state = optimizer.init(lora)
+    full = mesh is not None and to_params is not None and axis_size(mesh, DATA_AXIS) > 1
+    if full:  # ZeRO: masters and AdamW state made on their shards
+        lora, opt_state = zero_init(lora, optimizer, mesh, model_config)
+    else:
+        lora = master_weights(lora)
+        opt_state = optimizer.init(lora)
     micro_batch_size = int(getattr(sft_config, "micro_batch_size", 0))
     batch_size = int(sft_config.batch_size)
     padded = padded_size(batch_size, axis_size(mesh, DATA_AXIS))
@@ -225,7 +275,8 @@ def train_sft(
             raise ValueError(
                 f"sft.micro_batch_size={micro_batch_size} is invalid: valid are {valid}"
             )
-        params = place_base(params, mesh, model_config)
+        # ZeRO (full-parameter): the base split over data too (sft_step)
+        params = place_base(params, mesh, model_config, shard_data=to_params is not None)
         lora, opt_state = on_mesh((lora, opt_state), mesh)
     cursor = init_cursor(len(data), seed)
     for step in range(sft_config.steps):
@@ -245,10 +296,11 @@ def train_sft(
             remat=remat,
             micro_batch_size=micro_batch_size,
             mesh=mesh,
+            to_params=to_params,
         )
         if log_fn is not None:
             log_fn(step + 1, {k: float(v) for k, v in m.items()})
     if mesh is not None:
         # A local copy: held-out evaluation and the next method's init run on one device.
-        lora = jax.tree.map(jnp.asarray, jax.device_get(lora))
+        lora = jax.tree.map(jnp.asarray, host_copy(lora))
     return lora

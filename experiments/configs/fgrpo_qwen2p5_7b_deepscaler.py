@@ -8,11 +8,11 @@ Paper: beta = 0, clip 0.2 / 0.2 (DAPO 0.2 / 0.28: --config.grpo.eps_high=0.28; C
 --config.grpo.loss=cispo --config.grpo.eps_low=1.0 --config.grpo.eps_high=5.0), token-mean,
 AdamW lr 1e-6, wd 0.01, grad clip 1.0, N = 8, temperature 1.0, gamma in {0.5, 1, 2} (0.5 best).
 Reported (math average pass@1 / pass@256): GRPO 37.3 / 64.1 -> F-GRPO 38.6 / 70.3.
-Two differences from the paper, both because this library trains adapters:
-- the paper fine-tunes all weights; here a rank-64 LoRA on every projection stands in, with PEFT's
-  plain scale alpha / r = 2 (not rsLoRA's alpha / sqrt(r));
-- like the paper, GRPO starts from the model itself (sft.steps = 0: the LoRA's B factors are zero,
-  so the first policy is exactly Qwen2.5-7B); no SFT stage runs.
+As in the paper, every weight is trained (train.params = "full": float32 masters and AdamW state
+over the bf16 weights, sharded over the data axis, essa_jax.lora.full) and GRPO starts from the
+model itself (sft.steps = 0); no SFT stage runs. The run exports the trained model as a Hugging
+Face checkpoint (workdir/model). --config.train.params=lora gives the rank-64 LoRA stand-in of
+before (every projection, PEFT's plain scale alpha / r = 2).
 """
 
 from essa_jax.config import UNSET, base_config
@@ -32,7 +32,8 @@ def get_config():
     c.task.num_train = 40000
     c.task.num_heldout = 500
     c.task.max_prompt_tokens = 512
-    c.lora.rank = 64
+    c.train.params = "full"  # the paper fine-tunes every weight (verl, AdamW lr 1e-6)
+    c.lora.rank = 64  # used only with --config.train.params=lora
     c.lora.alpha = 128.0
     c.lora.targets = ("q", "k", "v", "o", "gate", "up", "down")
     c.sft.steps = 0  # the paper has no SFT stage: GRPO from the model itself
@@ -56,9 +57,12 @@ def get_config():
     c.eval.pass_k = (1, 8, 64, 256)
     c.eval.pass_k_problems = 100
     c.eval.batch_size = 64  # 64 rows x (512 + 4096) tokens of KV cache: ~17 GB
-    # Memory (python -m essa_jax.plan, 8 x 80 GB; experiments/results/plan.json): data-parallel
-    # over 8 devices, each generates its 64 of the 512 rollouts of 4608 tokens (one chunk) and
-    # accumulates its update over micro-batches of 4 rows with per-layer activation checkpointing.
+    # Memory: data-parallel over 8 devices, each generates its 64 of the 512 rollouts of 4608
+    # tokens (one chunk) and accumulates its update over micro-batches of 4 rows with per-layer
+    # activation checkpointing. Full-parameter: each device holds 1/8 of the masters, AdamW state
+    # and base (7.6e9 x 14 B / 8 = 13 GB) and, during a program, the gathered bf16 weights
+    # (15 GB) and one micro-batch's bf16 gradient (15 GB). plan.json's rows for this config are
+    # the LoRA stand-in's until `make plan` is rerun (not rerun for the full-parameter change).
     c.model.remat = True
     c.grpo.rows_per_chunk = 64
     c.grpo.micro_batch_size = 4  # rows per device at a time (512 / 8 devices = 64 rows each)

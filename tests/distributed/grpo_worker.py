@@ -6,7 +6,10 @@ the library's (`GRPOTrainer(mesh=...).step`, `train_sft(mesh=...)`): one sharded
 each process rewards only its own rows, per-row rewards all-gathered, the update data-parallel.
 The reward function counts the completions it is given: each process must score only its share.
 
-usage: grpo_worker.py OUT_DIR   (writes OUT_DIR/p<process_id>.npz)
+usage: grpo_worker.py OUT_DIR [lora|full]   (writes OUT_DIR/p<process_id>.npz)
+
+"full": every weight trained (`lora.full`), the masters, AdamW state and base split over the data
+axis (ZeRO), so across the two processes' devices; the result is gathered with `mesh.host_copy`.
 """
 
 import os
@@ -23,7 +26,8 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
 from essa_jax.lora import LoraConfig, init_lora, lora_policy  # noqa: E402
-from essa_jax.mesh import make_mesh  # noqa: E402
+from essa_jax.lora.full import full_policy, merge_weights  # noqa: E402
+from essa_jax.mesh import host_copy, make_mesh  # noqa: E402
 from essa_jax.models import init_params  # noqa: E402
 from essa_jax.rl import (  # noqa: E402
     FrozenPolicy,
@@ -50,6 +54,7 @@ def parity_reward(prompts, completions, **fields):
 
 def main():
     out_dir = sys.argv[1]
+    full = len(sys.argv) > 2 and sys.argv[2] == "full"
     mesh = make_mesh(pop=1, data=jax.device_count())
     params = jax.jit(init_params, static_argnums=1)(jax.random.key(0), CONFIG)
     lora = init_lora(jax.random.key(1), CONFIG, LoraConfig(rank=2, alpha=4.0), jnp.float32)
@@ -65,7 +70,7 @@ def main():
         beta=0.05,
         num_minibatches=2,
     )
-    trainable, frozen, to_lora = lora_policy(lora)
+    trainable, frozen, to_lora = full_policy(params) if full else lora_policy(lora)
     trainer = GRPOTrainer(
         CONFIG,
         cfg,
@@ -73,11 +78,12 @@ def main():
         reward_fn=parity_reward,
         decode=lambda ids: " ".join(map(str, ids)),
         mesh=mesh,
+        to_params=merge_weights if full else None,
     )
     toks = np.asarray(jax.random.randint(jax.random.key(2), (PROMPTS, 3), 3, 16), np.int32)
     texts = [f"p{i}" for i in range(PROMPTS)]
     state = trainer.init(trainable, jax.random.key(3))
-    policy = FrozenPolicy(place_base(params, mesh, CONFIG), frozen)
+    policy = FrozenPolicy(place_base(params, mesh, CONFIG, shard_data=full), frozen)
     new, m = trainer.step(state, policy, toks, np.ones_like(toks), texts, answer=texts)
 
     rng = np.random.default_rng(0)
@@ -88,12 +94,20 @@ def main():
         learning_rate=1e-2, weight_decay=0.0, max_grad_norm=1.0, steps=1, batch_size=6
     )
     sft_lora = train_sft(
-        jax.tree.map(jnp.copy, lora), params, CONFIG, data, sft, seed=0, pad_id=0, mesh=mesh
+        jax.tree.map(jnp.copy, trainable if full else lora),
+        params,
+        CONFIG,
+        data,
+        sft,
+        seed=0,
+        pad_id=0,
+        mesh=mesh,
+        to_params=merge_weights if full else None,
     )
 
     info = D.process_info()
     os.makedirs(out_dir, exist_ok=True)
-    grpo_leaves = [np.asarray(x) for x in jax.tree.leaves(jax.device_get(new.params))]
+    grpo_leaves = jax.tree.leaves(host_copy(new.params))
     # L2 norm of the LoRA's change over all its leaves: how far the GRPO step moved it.
     delta = zip(grpo_leaves, jax.tree.leaves(jax.device_get(trainable)), strict=True)
     moved = float(np.sqrt(sum(np.sum((a - np.asarray(b)) ** 2) for a, b in delta)))

@@ -104,6 +104,28 @@ def test_grpo_step_by_hand():
     assert g["score"] == 0.0
     parts = ("rollout", "row_gather", "score", "update", "grad_allreduce")
     assert g["total"] == pytest.approx(sum(g[k] for k in parts))
+    assert g["weight_allgather"] == g["grad_reducescatter"] == 0.0  # adapters: no ZeRO traffic
+
+
+def test_full_parameter_grpo_step_by_hand():
+    """ZeRO over data: 3 gathers of the bf16 weights (rollout, one scoring pass, update) and one
+    reduce-scatter of the float32 gradient, ring costs over the 8 replicas (2 nodes of 4: IB)."""
+    upd = cm.UpdateProgram(
+        micro_batch_rows=2,
+        sequence=13,
+        remat=True,
+        grad_bytes=0.0,
+        score_passes=1,
+        weight_gather_bytes=2e9,
+        grad_scatter_bytes=4e9,
+    )
+    grpo = cm.GRPOSettings(prompts_per_step=4, group_size=2)
+    g = cm.grpo_step_time(8, PROG, upd, MODEL, grpo, CHIP)
+    assert g["weight_allgather"] == pytest.approx(3 * (7 * 1e-5 + 7 / 8 * 2e9 / 1e10))
+    assert g["grad_reducescatter"] == pytest.approx(7 * 1e-5 + 7 / 8 * 4e9 / 1e10)
+    assert g["grad_allreduce"] == 0.0
+    parts = ("rollout", "row_gather", "score", "update", "grad_allreduce", "weight_allgather")
+    assert g["total"] == pytest.approx(sum(g[k] for k in (*parts, "grad_reducescatter")))
 
 
 def test_shape_counts_match_the_plan_and_the_published_sizes():

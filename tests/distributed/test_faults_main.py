@@ -88,6 +88,24 @@ def _final_state(workdir):
     return last, state, meta
 
 
+def kill_after_checkpoint(start, workdir, tmp_path, step: int) -> list[int]:
+    """Start a run (`start(workdir, tmp_path, log)`), SIGKILL its process group as soon as
+    checkpoint `step` is complete, and return the complete steps left (log: cut1.log)."""
+    with open(tmp_path / "cut1.log", "wb") as log:
+        p = start(workdir, tmp_path, log)
+        deadline = time.monotonic() + 600
+        while step not in complete_steps(str(workdir / "checkpoints")):
+            assert p.poll() is None, (tmp_path / "cut1.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, f"no checkpoint {step} within 600 s"
+            time.sleep(0.05)
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait()
+    assert p.returncode == -signal.SIGKILL
+    done = complete_steps(str(workdir / "checkpoints"))
+    assert step in done, done
+    return done
+
+
 @pytest.mark.multiprocess
 @pytest.mark.slow
 def test_sigkill_mid_run_then_resume_equals_uninterrupted(tmp_path):
@@ -102,18 +120,8 @@ def test_sigkill_mid_run_then_resume_equals_uninterrupted(tmp_path):
 
     # Kill as soon as generation 2's checkpoint is complete: the loop is then running
     # generation 3 or already writing its checkpoint.
-    with open(tmp_path / "cut1.log", "wb") as log:
-        p = _start(cut, tmp_path, log)
-        deadline = time.monotonic() + 600
-        while 2 not in complete_steps(str(cut / "checkpoints")):
-            assert p.poll() is None, (tmp_path / "cut1.log").read_text()[-3000:]
-            assert time.monotonic() < deadline, "no checkpoint 2 within 600 s"
-            time.sleep(0.05)
-        os.killpg(p.pid, signal.SIGKILL)
-        p.wait()
-    assert p.returncode == -signal.SIGKILL
-    done = complete_steps(str(cut / "checkpoints"))
-    assert 2 in done and max(done) < GENERATIONS, done
+    done = kill_after_checkpoint(_start, cut, tmp_path, 2)
+    assert max(done) < GENERATIONS, done
 
     with open(tmp_path / "cut2.log", "wb") as log:
         _finish(_start(cut, tmp_path, log), 600, tmp_path / "cut2.log")

@@ -22,9 +22,12 @@ ROLLOUTS = 16
 
 @pytest.mark.multiprocess
 @pytest.mark.slow
-def test_grpo_two_processes_equal_one_and_split_the_rollouts(tmp_path):
+@pytest.mark.parametrize("trained", ["lora", "full"])
+def test_grpo_two_processes_equal_one_and_split_the_rollouts(tmp_path, trained):
+    """trained = "full": every weight (`lora.full`), its state split over the data axis of both
+    processes' devices (ZeRO)."""
     py = sys.executable
-    run_checked([py, str(WORKER), str(tmp_path / "one")], worker_env(tmp_path, 8))
+    run_checked([py, str(WORKER), str(tmp_path / "one"), trained], worker_env(tmp_path, 8))
     run_checked(
         [
             py,
@@ -39,6 +42,7 @@ def test_grpo_two_processes_equal_one_and_split_the_rollouts(tmp_path):
             py,
             str(WORKER),
             str(tmp_path / "two"),
+            trained,
         ],
         worker_env(tmp_path),
     )
@@ -56,7 +60,9 @@ def test_grpo_two_processes_equal_one_and_split_the_rollouts(tmp_path):
     for r in two:
         assert int(r["rewarded"]) == ROLLOUTS // 2 and int(r["local_rollouts"]) == ROLLOUTS // 2
     arrays = [k for k in one.files if k.startswith("arr_")]
-    assert len(arrays) == 2 * 2 * 4  # GRPO then SFT LoRA: (a, b) x q/k/v/o
+    # GRPO then SFT: the LoRA's (a, b) x q/k/v/o, or the toy model's 11 weight leaves (embed,
+    # final norm, 2 layer norms, 7 kernels; tied head, no biases).
+    assert len(arrays) == (2 * 2 * 4 if trained == "lora" else 2 * 11)
     for r in two:
         assert float(r["reward_mean"]) == float(one["reward_mean"])
         np.testing.assert_allclose(float(r["loss"]), float(one["loss"]), rtol=1e-5)

@@ -144,8 +144,9 @@ def test_grpo_update_is_the_same_on_1_8_and_4x2_devices(setup, case):
         np.testing.assert_array_equal(np.asarray(got.lengths)[:rows], want.lengths)
 
 
-def test_sft_update_is_the_same_on_1_8_and_4x2_devices(setup):
-    params, lora = setup
+def sft_case():
+    """(PromptSet, sft settings) of the layout tests of SFT: 12 examples, some left-padded; batch
+    6, padded to 8 rows on 8 devices (1 per device) and on 4 (2 per device)."""
     rng = np.random.default_rng(0)
     n = 12
     toks = rng.integers(3, 16, (n, 5)).astype(np.int32)
@@ -153,7 +154,6 @@ def test_sft_update_is_the_same_on_1_8_and_4x2_devices(setup):
     toks[::3, :2], mask[::3, :2] = 0, 0  # some left padding
     targets = [list(rng.integers(3, 16, 1 + i % 4)) + [2] for i in range(n)]
     data = PromptSet([f"p{i}" for i in range(n)], toks, mask, {}, targets)
-    # Batch 6: padded to 8 rows on 8 devices (1 per device) and on 4 (2 per device).
     sft = SimpleNamespace(
         learning_rate=1e-2,
         weight_decay=0.0,
@@ -162,6 +162,12 @@ def test_sft_update_is_the_same_on_1_8_and_4x2_devices(setup):
         batch_size=6,
         micro_batch_size=1,
     )
+    return data, sft
+
+
+def test_sft_update_is_the_same_on_1_8_and_4x2_devices(setup):
+    params, lora = setup
+    data, sft = sft_case()
 
     def run(mesh):
         lo = jax.tree.map(jnp.copy, lora)  # the step donates its LoRA
