@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 from test_pipelines import final_state, moving_config, rows
 
-from essa_jax.config import ConfigError, validate_config
+from essa_jax.config import ConfigError
 from essa_jax.lora.full import merge_weights
 from essa_jax.models import load_pretrained
 from essa_jax.models.tiny import tiny_model
-from essa_jax.train import train_and_evaluate
+from essa_jax.train import train_and_evaluate, validate_config
 
 pytestmark = pytest.mark.slow
 
