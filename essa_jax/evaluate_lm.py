@@ -214,9 +214,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     text = json.dumps(result, indent=2) + "\n"
     if args.output:
-        tmp_out = f"{args.output}.tmp"
-        Path(tmp_out).write_text(text)
-        os.replace(tmp_out, args.output)  # a crash never leaves half a results file
+        from essa_jax.workdir import write_text_atomic
+
+        write_text_atomic(args.output, text)  # a crash never leaves half a results file
     else:
         sys.stdout.write(text)
     return 0
