@@ -102,10 +102,11 @@ def print_table(rows: Sequence[dict[str, Any]], title: str = "") -> None:
         print("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)))
 
 
-def write_results(name: str, results: dict[str, Any]) -> Path:
-    """Write `experiments/results/<name>.json` with the machine description added."""
-    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
-    path = RESULTS_DIR / f"{name}.json"
+def write_results(name: str, results: dict[str, Any], out: str | None = None) -> Path:
+    """Write `experiments/results/<name>.json` (or `<out>.json`: a trial or smoke run's file,
+    never over the recorded result) with the machine description added."""
+    path = RESULTS_DIR / f"{name}.json" if out is None else Path(out).with_suffix(".json")
+    path.parent.mkdir(parents=True, exist_ok=True)
     payload = {"machine": machine_info(), **results}
     path.write_text(json.dumps(payload, indent=2, sort_keys=False, default=float) + "\n")
     print(f"wrote {path}")

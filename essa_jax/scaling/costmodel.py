@@ -403,6 +403,7 @@ def compare_with_paper(
     report: PaperReport = PaperReport(),
     small: int = 16,
     large: int = 128,
+    step_ratio: float | None = None,
 ) -> dict[str, float]:
     """What per-step times can and cannot say about the paper's time-to-target speedups.
 
@@ -412,7 +413,12 @@ def compare_with_paper(
     fixed number of steps: predicted t(small) / t(large) against the reported minutes'
     ratio, and the growth of the speedup, [t_G(large) / t_G(small)] / [t_E(large) / t_E(small)]
     (the paper: 6 / 2 = 3). `implied_step_ratio` is the steps_GRPO / steps_ESSA that the
-    paper's `small`-GPU minutes and our step times imply (an output, fed back into nothing)."""
+    paper's `small`-GPU minutes and our step times imply (an output, fed back into nothing).
+
+    `step_ratio` (steps_GRPO / steps_ESSA to the target, from outside the model: e.g. the run
+    lengths of the paper-scale configs, or a measured time-to-target) adds the predicted
+    speedups themselves, step_ratio x t_GRPO(G) / t_ESSA(G) at `small` and `large`; their ratio
+    is `predicted_speedup_growth` whatever step_ratio is."""
     e_small, e_large = essa_step_s[small], essa_step_s[large]
     g_small, g_large = grpo_step_s[small], grpo_step_s[large]
     rep_e = report.essa_minutes[small] / report.essa_minutes[large]
@@ -432,6 +438,15 @@ def compare_with_paper(
         "step_time_ratio_large": g_large / e_large,
         "implied_step_ratio": rep_speed_small * e_small / g_small,
         "speedup_large_at_reported_small": rep_speed_small * pred_growth,
+        **(
+            {}
+            if step_ratio is None
+            else {
+                "step_ratio": step_ratio,
+                "predicted_speedup_small": step_ratio * g_small / e_small,
+                "predicted_speedup_large": step_ratio * g_large / e_large,
+            }
+        ),
     }
 
 

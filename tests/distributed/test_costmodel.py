@@ -154,6 +154,13 @@ def test_compare_with_paper_arithmetic():
     assert c["predicted_speedup_growth"] == pytest.approx(2.5)  # (25/50) / (20/100)
     assert c["implied_step_ratio"] == pytest.approx(2 * 100 / 50)
     assert c["speedup_large_at_reported_small"] == pytest.approx(5.0)
+    assert "predicted_speedup_small" not in c  # no step counts, no speedup
+    s = cm.compare_with_paper(essa, grpo, step_ratio=3.0)
+    assert s["predicted_speedup_small"] == pytest.approx(3.0 * 50 / 100)
+    assert s["predicted_speedup_large"] == pytest.approx(3.0 * 25 / 20)
+    assert s["predicted_speedup_large"] / s["predicted_speedup_small"] == pytest.approx(
+        c["predicted_speedup_growth"]
+    )
 
 
 def test_larger_clusters_never_slow_a_step_down_and_decode_hits_the_weight_floor():
