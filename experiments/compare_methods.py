@@ -60,6 +60,7 @@ import os
 import queue
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -391,7 +392,9 @@ def run_all(
     commit: str,
     after_each: Callable[[], Any] = lambda: None,
 ) -> None:
-    """Every unfinished entry, `jobs` at a time, each on its own core (0 .. jobs - 1)."""
+    """Every unfinished entry, `jobs` at a time, each on its own core (0 .. jobs - 1), then
+    `after_each` (the report: one at a time, matplotlib is not thread-safe). A failed run stops
+    the plan: the runs not yet started are cancelled, those running finish."""
     todo = [e for e in entries if not os.path.exists(os.path.join(e["workdir"], "summary.json"))]
     cores: queue.Queue[int] = queue.Queue()
     for c in range(jobs):
@@ -409,11 +412,19 @@ def run_all(
             ensure_run(make_runner(core), e["overrides"], e["workdir"], label, e["config"])
         finally:
             cores.put(core)
-        after_each()
+        with reporting:
+            after_each()
 
+    reporting = threading.Lock()
     with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
-        for f in [pool.submit(one, e) for e in todo]:
-            f.result()
+        futures = [pool.submit(one, e) for e in todo]
+        try:
+            for f in concurrent.futures.as_completed(futures):
+                f.result()
+        except BaseException:
+            for f in futures:
+                f.cancel()
+            raise
 
 
 # ----------------------------------------------------------------------------- report

@@ -14,13 +14,14 @@ STEP_SECONDS = 5.0  # what the fake clock says each step took
 
 
 class FakeClock:
-    """Advances STEP_SECONDS / 2 per reading: the loop reads it twice per step."""
+    """Advances STEP_SECONDS per reading: the loop reads it before and after each step, so every
+    step takes STEP_SECONDS of loop clock."""
 
     def __init__(self) -> None:
         self.now = 0.0
 
     def __call__(self) -> float:
-        self.now += STEP_SECONDS / 2
+        self.now += STEP_SECONDS
         return self.now
 
 
@@ -60,7 +61,7 @@ def test_evaluations_fall_due_by_loop_clock(method, per_step, tmp_path, monkeypa
 
 def test_every_seconds_is_validated():
     c = tiny_config("grpo")
-    for bad in (-1.0, float("nan"), "often"):
+    for bad in (-1.0, float("nan"), float("inf")):
         c.eval.every_seconds = bad
         with pytest.raises(ConfigError, match="eval.every_seconds"):
             validate_config(c)
