@@ -454,6 +454,7 @@ def collect(entry: Mapping[str, Any]) -> dict[str, Any] | None:
         "workdir": wd,
         "commit": rec["commit"],
         "segment_commits": sorted({g["commit"] for g in rec["segments"]}),
+        "cores": sorted({g["core"] for g in rec["segments"]}),
         "curve": curve(rows),
         "sft_acc": s["sft_heldout_acc"],
         "final_acc": s["final_heldout_acc"],
@@ -531,7 +532,7 @@ def aggregate(
     bootstrap interval over problems), and the paired tests."""
     out: dict[str, Any] = {}
     step = eval_seconds or wall
-    grid = [float(t) for t in np.arange(0.0, wall + step / 2, step)]
+    grid = [float(t) for t in np.arange(0.0, wall, step)]  # + each method's end (below)
     for task in tasks:
         by = {
             m: [r for r in records if r["task"] == task and r["method"] == m and r["in_table"]]
@@ -550,8 +551,9 @@ def aggregate(
                 "final_acc_sd": float(np.std(finals, ddof=1)) if len(finals) > 1 else None,
                 "final_acc_min": float(min(finals)),
                 "final_acc_max": float(max(finals)),
-                "grid_s": grid,
-                "mean_curve": mean_curve([r["curve"] for r in runs], grid),
+                # The last point: the latest end of a run (its last step overshoots the budget).
+                "grid_s": (g := [*grid, max(r["curve"][-1][0] for r in runs)]),
+                "mean_curve": mean_curve([r["curve"] for r in runs], g),
                 "time_to_target": {
                     str(r["seed"]): time_to_target(r["curve"], targets.get(r["seed"])) for r in runs
                 },
@@ -673,7 +675,7 @@ def print_table(payload: Mapping[str, Any]) -> None:
             print(
                 f"{m:<11} {','.join(map(str, e['seeds'])):<6} {_fmt(e['lr'], '.0e'):>7} "
                 f"{final:>13} {vs_s:>30} {ttt:>20} {_fmt(pk.get('pass_at_1')):>7} "
-                f"{_fmt(pk.get('pass_at_64')):>7} {e['numbers_trained']:>10.3g} "
+                f"{_fmt(pk.get('pass_at_64')):>7} {e['numbers_trained']:>10,} "
                 f"{_fmt(e['peak_rss_mb'], '.0f'):>7} {_fmt(cost.get('loop_s_per_step'), '.2f'):>7} "
                 f"{_fmt(cost.get('rollouts_per_step'), '.0f'):>9}"
             )

@@ -125,8 +125,9 @@ def test_aggregation_over_seeds_and_time_to_target():
     assert f["time_to_target"] == {"0": 150.0, "1": 300.0}
     assert e["time_to_target"] == {"0": 160.0, "1": None}  # seed 1 never reaches 0.6
     # The step-function mean: at 150 s seed 0 shows 0.4 (its 160 s eval is later), seed 1 0.5.
-    assert e["grid_s"] == [0.0, 150.0, 300.0]
-    assert e["mean_curve"] == pytest.approx([0.4, 0.45, 0.55])
+    # The last point: the runs' latest end (320 s), where both runs show their final accuracy.
+    assert e["grid_s"] == [0.0, 150.0, 320.0] and f["grid_s"] == [0.0, 150.0, 300.0]
+    assert e["mean_curve"] == pytest.approx([0.4, 0.45, 0.575])
     assert e["vs_sft"]["diff"] == pytest.approx(0.625)  # "0000" -> 3 and 2 of 4 solved
     vs = agg["essa_vs_grpo_full"]
     assert vs["seeds"] == 2 and vs["diff"] == pytest.approx(0.0)  # seed-paired: 3-2 and 2-3
