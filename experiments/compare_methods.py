@@ -41,7 +41,7 @@ at another commit is refused, unless --allow_commit_mix):
    and the hard task's choice; a table on stdout for the verdict.
 
 CPU plan: each run is pinned to one core (its process's affinity, set before it starts); JOBS (1)
-runs at a time, on cores 0 .. JOBS - 1. `--dry_run` prints every run, its command and the time
+runs at a time, on cores FIRST_CORE (0) .. FIRST_CORE + JOBS - 1. `--dry_run` prints every run, its command and the time
 estimate (runs x (fixed + WALL + evaluations + pass@k) / JOBS, constants in COST).
 
     experiments/compare_methods.sh --dry_run                  # the plan, nothing run
@@ -387,21 +387,21 @@ def write_json(path: str, payload: Any) -> None:
 
 def run_all(
     entries: Sequence[Mapping[str, Any]],
-    jobs: int,
+    cores: Sequence[int],
     make_runner: Callable[[int], Runner],
     commit: str,
     after_each: Callable[[], Any] = lambda: None,
 ) -> None:
-    """Every unfinished entry, `jobs` at a time, each on its own core (0 .. jobs - 1), then
+    """Every unfinished entry, one per core of `cores` at a time, each pinned to its core, then
     `after_each` (the report: one at a time, matplotlib is not thread-safe). A failed run stops
     the plan: the runs not yet started are cancelled, those running finish."""
     todo = [e for e in entries if not os.path.exists(os.path.join(e["workdir"], "summary.json"))]
-    cores: queue.Queue[int] = queue.Queue()
-    for c in range(jobs):
-        cores.put(c)
+    free: queue.Queue[int] = queue.Queue()
+    for c in cores:
+        free.put(c)
 
     def one(e: Mapping[str, Any]) -> None:
-        core = cores.get()
+        core = free.get()
         try:
             os.makedirs(e["workdir"], exist_ok=True)
             if read_record(e["workdir"]) is None:
@@ -411,12 +411,12 @@ def run_all(
             label = f"{e['label']} [core {core}]"
             ensure_run(make_runner(core), e["overrides"], e["workdir"], label, e["config"])
         finally:
-            cores.put(core)
+            free.put(core)
         with reporting:
             after_each()
 
     reporting = threading.Lock()
-    with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
+    with concurrent.futures.ThreadPoolExecutor(max_workers=len(cores)) as pool:
         futures = [pool.submit(one, e) for e in todo]
         try:
             for f in concurrent.futures.as_completed(futures):
@@ -773,6 +773,9 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--full_lrs", default=env("FULL_LRS", "1e-6 3e-6 1e-5"))
     p.add_argument("--lora_lrs", default=env("LORA_LRS", "3e-5 1e-4 3e-4"))
     p.add_argument("--jobs", type=int, default=int(env("JOBS", 1)), help="runs at a time")
+    p.add_argument(
+        "--first_core", type=int, default=int(env("FIRST_CORE", 0)), help="runs on cores from it"
+    )
     p.add_argument("--out", default=env("OUT", "runs/compare_methods"))
     p.add_argument("--out_json", default=env("OUT_JSON", RESULTS))
     p.add_argument("--probe_results", default=env("PROBE_RESULTS", PROBE_RESULTS))
@@ -788,8 +791,12 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     for t in args.tasks.split():
         if t != "hard" and t not in TASKS:
             p.error(f"unknown task {t!r}; valid: hard {' '.join(TASKS)}")
-    if not 1 <= args.jobs <= (os.cpu_count() or 1):
-        p.error(f"--jobs {args.jobs}: valid are 1..{os.cpu_count()} (one core per run)")
+    ncpu = len(os.sched_getaffinity(0))
+    if args.jobs < 1 or args.first_core < 0 or args.first_core + args.jobs > ncpu:
+        p.error(
+            f"--jobs {args.jobs} from --first_core {args.first_core}: one core per run, cores "
+            f"0..{ncpu - 1} (jobs >= 1, first_core + jobs <= {ncpu})"
+        )
     if args.wall <= 0 or args.eval_seconds < 0 or args.samples < 1 or args.problems < 1:
         p.error("--wall > 0, --eval_seconds >= 0, --samples >= 1 and --problems >= 1")
     return args
@@ -876,11 +883,12 @@ def main(argv: Sequence[str] | None = None, make_runner: Callable[[int], Runner]
         return dry_run(plan, tasks, hard, args)
     if not args.report_only:
         check_commits(args.out, commit, args.allow_commit_mix)
-        run_all(plan.sweep_runs(), args.jobs, make_runner, commit, report)
+        cores = range(args.first_core, args.first_core + args.jobs)
+        run_all(plan.sweep_runs(), cores, make_runner, commit, report)
         chosen = sweep_summary(plan, found(plan.sweep_runs()))
         best = {m: chosen[m]["best"] for m in plan.lrs}
         print(f"learning rates carried to the seeded runs: {best}", flush=True)
-        run_all(plan.seeded_runs(tasks, best), args.jobs, make_runner, commit, report)
+        run_all(plan.seeded_runs(tasks, best), cores, make_runner, commit, report)
     report()
     return 0
 
@@ -901,7 +909,7 @@ def dry_run(plan: Plan, tasks: Sequence[str], hard: Mapping[str, Any], args) -> 
     entries = sweep + seeded
     for i, e in enumerate(entries):
         state = " (finished)" if os.path.exists(os.path.join(e["workdir"], "summary.json")) else ""
-        core = i % args.jobs
+        core = args.first_core + i % args.jobs
         print(f"# {e['label']}{state} [core {core}]")
         print(
             f"taskset -c {core} "
