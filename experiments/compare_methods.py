@@ -41,8 +41,9 @@ at another commit is refused, unless --allow_commit_mix):
    and the hard task's choice; a table on stdout for the verdict.
 
 CPU plan: each run is pinned to one core (its process's affinity, set before it starts); JOBS (1)
-runs at a time, on cores FIRST_CORE (0) .. FIRST_CORE + JOBS - 1. `--dry_run` prints every run, its command and the time
-estimate (runs x (fixed + WALL + evaluations + pass@k) / JOBS, constants in COST).
+runs at a time, on cores FIRST_CORE (0) .. FIRST_CORE + JOBS - 1. `--dry_run` prints every run,
+its command and the time estimate (runs x (fixed + WALL + evaluations + pass@k) / JOBS, constants
+in COST).
 
     experiments/compare_methods.sh --dry_run                  # the plan, nothing run
     nohup experiments/compare_methods.sh --jobs 2 > runs/compare_methods.log 2>&1 &
@@ -89,7 +90,7 @@ UNBOUNDED = 1_000_000  # generations / steps: the wall-clock ends the loop
 HARD_CANDIDATES = ("sub_2d", "word_problems")  # the harder tasks, from the probe
 HARD_MAX_START = 0.2  # the hard task's SFT start: greedy pass@1 below this
 
-# method -> (config, overrides). "lr" marks the methods whose grpo.learning_rate the sweep sets.
+# method -> (its config, its overrides); grpo.learning_rate, where it takes one, is the sweep's.
 METHODS: dict[str, tuple[str, dict[str, Any]]] = {
     "essa": ("experiments/configs/essa_smollm2_arith.py", {"essa.generations": UNBOUNDED}),
     "grpo_full": (
