@@ -155,17 +155,18 @@ def test_report_records_commits_and_leaves_per_problem_strings_out():
     json.dumps(payload)  # the JSON file's content
 
 
+def _argv(tmp_path):
+    return [
+        "--tasks=add_2d hard",
+        "--seeds=0 1",
+        f"--out={tmp_path / 'runs'}",
+        f"--out_json={tmp_path / 'out.json'}",
+        f"--probe_results={PROBE}",
+    ]
+
+
 def _args(tmp_path, *extra):
-    return cm.parse(
-        [
-            "--tasks=add_2d hard",
-            "--seeds=0 1",
-            f"--out={tmp_path / 'runs'}",
-            f"--out_json={tmp_path / 'out.json'}",
-            f"--probe_results={PROBE}",
-            *extra,
-        ]
-    )
+    return cm.parse([*_argv(tmp_path), *extra])
 
 
 def test_the_plan_its_overrides_and_its_commands(tmp_path, capsys):
@@ -211,22 +212,12 @@ def test_the_plan_its_overrides_and_its_commands(tmp_path, capsys):
         if (e["task"], e["method"], e["seed"]) == ("add_2d", "grpo_full", 0)
     ]
 
-    assert cm.main(["--dry_run", "--jobs=2", *_argv_rest(tmp_path)]) == 0
+    assert cm.main(["--dry_run", "--jobs=2", *_argv(tmp_path)]) == 0
     out = capsys.readouterr().out
     # Before the sweep, the seeded runs are shown at its middle lrs, whose seed-0 add_2d runs are
     # sweep runs: 6 + 20 - 2 runs, alternating between the two cores.
     assert "hard task: sub_2d" in out and "24 runs (6 sweep, 18 seeded), 2 at a time" in out
     assert out.count("taskset -c 0 ") == 12 and out.count("taskset -c 1 ") == 12
-
-
-def _argv_rest(tmp_path):
-    return [
-        "--tasks=add_2d hard",
-        "--seeds=0 1",
-        f"--out={tmp_path / 'runs'}",
-        f"--out_json={tmp_path / 'out.json'}",
-        f"--probe_results={PROBE}",
-    ]
 
 
 def test_every_command_is_a_valid_config_and_counts_its_numbers(tmp_path, smollm2_gguf_path):
@@ -278,4 +269,4 @@ def test_runs_from_another_commit_are_refused(tmp_path, capsys):
         raise AssertionError("a refused plan must run nothing")
 
     with pytest.raises(SystemExit, match="0123abc"):
-        cm.main(["--methods=essa", *_argv_rest(tmp_path)], make_runner=runner)
+        cm.main(["--methods=essa", *_argv(tmp_path)], make_runner=runner)
