@@ -466,6 +466,10 @@ def collect(entry: Mapping[str, Any]) -> dict[str, Any] | None:
         "rollouts": s.get("rollouts"),
         "loop_seconds": s["train_wall_seconds"],
         "run_seconds": sum(g["seconds"] for g in rec["segments"]) or None,
+        # The stages of the finishing invocation (what a time plan is made from).
+        "sft_seconds": s.get("sft_seconds"),
+        "final_eval_seconds": s.get("final_eval_seconds"),
+        "pass_k_seconds": s.get("pass_k_seconds"),
         "pass_at_k": {str(k): v for k, v in pass_at_k_values(s).items()},
         "pass_correct": s.get("pass_correct"),
         "pass_samples": s.get("pass_samples"),
@@ -792,7 +796,7 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     for t in args.tasks.split():
         if t != "hard" and t not in TASKS:
             p.error(f"unknown task {t!r}; valid: hard {' '.join(TASKS)}")
-    ncpu = len(os.sched_getaffinity(0))
+    ncpu = os.cpu_count() or 1  # the machine's cores (this process may itself be pinned)
     if args.jobs < 1 or args.first_core < 0 or args.first_core + args.jobs > ncpu:
         p.error(
             f"--jobs {args.jobs} from --first_core {args.first_core}: one core per run, cores "

@@ -472,9 +472,15 @@ def _train_and_evaluate(config, workdir, resume, verbose, allow_config_change, g
         final_lora = export = state["lora"]
     ckpt.close()
 
+    t_eval = time.perf_counter()
     final = _final_eval(run, final_lora, meta)
+    t_pass = time.perf_counter()
     pass_k = _pass_at_k(run, final_lora) if config.eval.pass_k_samples else {}
     summary = summary_lib.make_summary(config, meta, final, pass_k)
+    # This invocation's cost of the end (a reused last periodic evaluation costs ~0): what an
+    # experiment's time plan is made from.
+    summary["final_eval_seconds"] = t_pass - t_eval
+    summary["pass_k_seconds"] = time.perf_counter() - t_pass
     summary["malformed_rows_skipped"] = run.malformed_skipped
     if _is_main():
         # Written beside the previous export, then renamed over it: a full disk never leaves a
