@@ -5,7 +5,8 @@
     3. fresh run: LoRA SFT, held-out accuracy of the SFT adapter, checkpoint 0 (the state right
        after SFT); resumed run: restore the latest complete checkpoint instead;
     4. the method's loop, logging every step and evaluating the policy on the held-out set every
-       `eval.every` steps, checkpointing every `checkpoint.every` steps, stopping at the step budget
+       `eval.every` steps and / or `eval.every_seconds` of loop clock (`eval_due`), checkpointing
+       every `checkpoint.every` steps, stopping at the step budget
        or at `max_wall_seconds` of loop wall-clock;
     5. final held-out accuracy (+ pass@k), summary.json and a printed table, PNG plots, the adapter
        in PEFT format (`<workdir>/adapter`).
