@@ -334,8 +334,8 @@ def check_commits(out: str, commit: str, allow_mix: bool) -> None:
 
 
 def pinned_runner(python: str, core: int, commit: str, env: Mapping[str, str] | None = None):
-    """A Runner that starts `python -m essa_jax.main` with the affinity of CPU `core` only (set in
-    the child before it execs, so every thread JAX starts inherits it), its output appended to
+    """A Runner that starts `python -m essa_jax.main` on CPU `core` only (`run_pinned`: every
+    thread JAX starts inherits the affinity), its output appended to
     <workdir>/log.txt, and appends one segment (commit, core, seconds, exit status, peak RSS from
     the child's own rusage: `os.wait4`) to <workdir>/run_record.json."""
 
@@ -365,14 +365,15 @@ def pinned_runner(python: str, core: int, commit: str, env: Mapping[str, str] | 
 def run_pinned(
     cmd: Sequence[str], core: int, log: Any, env: Mapping[str, str] | None = None
 ) -> tuple[int, int]:
-    """Run `cmd` on CPU `core` only; (exit status, the child's peak RSS in KiB)."""
+    """Run `cmd` on CPU `core` only (`taskset -c core`, which sets its affinity and execs it: the
+    same process, so its rusage is the command's; no fork hook in this multithreaded parent);
+    (exit status, the command's peak RSS in KiB)."""
     proc = subprocess.Popen(
-        list(cmd),
+        ["taskset", "-c", str(core), *cmd],
         cwd=ROOT,
         stdout=log,
         stderr=subprocess.STDOUT,
         env=None if env is None else {**os.environ, **env},
-        preexec_fn=lambda: os.sched_setaffinity(0, {core}),
     )
     _, status, usage = os.wait4(proc.pid, 0)
     proc.returncode = os.waitstatus_to_exitcode(status)  # reaped here: Popen must not wait again
