@@ -446,7 +446,11 @@ def collect(entry: Mapping[str, Any]) -> dict[str, Any] | None:
     evals = [r for r in rows if r["phase"] == "eval"]
     train = [r for r in rows if r["phase"] == "train"]
     rec = read_record(wd) or {"commit": None, "segments": []}
-    timing = sorted({k for r in train for k in r if k.endswith("_s") and k != "wall_s"})
+    # Seconds per step by stage where the loop logs them (GRPO: rollout_s, reward_s, score_s,
+    # update_s = backward + optimizer, step_s); not the loop clock or the throughputs (*_per_s).
+    timing = sorted(
+        {k for r in train for k in r if k.endswith("_s") and k != "wall_s" and "per_s" not in k}
+    )
     steps = s["steps"]
     return {
         "task": entry["task"],
