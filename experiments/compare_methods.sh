@@ -13,7 +13,7 @@
 #   experiments/compare_methods.sh --report_only                   # the report from what is done
 #
 # Variables: TASKS ("add_2d hard"), METHODS, SEEDS ("0 1 2"), WALL (900), EVAL_SECONDS (150),
-# PASS_SAMPLES (64), PASS_PROBLEMS (80), FULL_LRS, LORA_LRS, JOBS (1), FIRST_CORE (0),
+# PASS_SAMPLES (64), PASS_PROBLEMS (20), FULL_LRS, LORA_LRS, JOBS (1), FIRST_CORE (0),
 # OUT (runs/compare_methods), OUT_JSON (experiments/results/compare_methods.json), PROBE_RESULTS, PY.
 set -euo pipefail
 cd "$(dirname "$0")/.."
