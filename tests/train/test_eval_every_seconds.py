@@ -3,10 +3,11 @@ the GRPO family alike; every loop row carries `rollouts` (completions generated 
 clock is replaced by a fake one (`train.pipeline.clock`), so no test depends on real time."""
 
 import pytest
-from test_pipelines import rows, tiny_config
+from test_pipelines import tiny_config
 
 from essa_jax.config import ConfigError
 from essa_jax.train import pipeline, train_and_evaluate, validate_config
+from essa_jax.train.metrics import read_metrics
 
 pytestmark = pytest.mark.slow
 
@@ -26,7 +27,7 @@ class FakeClock:
 
 
 def _evals(workdir: str) -> list[dict]:
-    return [r for r in rows(workdir) if r["phase"] == "eval"]
+    return [r for r in read_metrics(workdir) if r["phase"] == "eval"]
 
 
 def _run(method: str, every_seconds: float, tmp_path, monkeypatch) -> tuple[str, dict]:
@@ -53,7 +54,7 @@ def test_evaluations_fall_due_by_loop_clock(method, per_step, tmp_path, monkeypa
     assert [r["step"] for r in evals] == [0, 3, 6]
     assert [r["wall_s"] for r in evals] == [0.0, 3 * STEP_SECONDS, 6 * STEP_SECONDS]
     assert [r["rollouts"] for r in evals] == [0, 3 * per_step, 6 * per_step]
-    train = [r for r in rows(wd) if r["phase"] == "train"]
+    train = [r for r in read_metrics(wd) if r["phase"] == "train"]
     assert [r["rollouts"] for r in train] == [per_step * s for s in range(1, 7)]
     assert summary["rollouts"] == 6 * per_step
     assert summary["train_wall_seconds"] == 6 * STEP_SECONDS
