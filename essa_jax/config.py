@@ -125,6 +125,11 @@ def base_config() -> ml_collections.ConfigDict:
     # (embedding, head and norms frozen). Other than "lora" only for methods sft / grpo / fgrpo
     # and model.quantize = "none"; the run then exports a Hugging Face checkpoint (workdir/model).
     c.train.params = "lora"
+    # What SFT trains when train.params is not "lora": "same" = those weights (full-parameter
+    # SFT); "lora" = a LoRA adapter (lora.*, sft.*) as the adapter methods train it, then folded
+    # into the weights (lora.full.merged_masters) that the full-parameter loop starts from, so every
+    # method of a comparison starts from the same SFT model (same config.seed, same adapter).
+    c.train.sft_params = "same"
 
     c.sft = ml_collections.ConfigDict()
     # LoRA SFT on the task's reference answers; loss on the answer tokens only (ESSA step 1).
@@ -255,6 +260,10 @@ def base_config() -> ml_collections.ConfigDict:
     c.eval.every = (
         10  # held-out eval of the current policy / ES mean every this many steps; 0 = end only
     )
+    # Also a held-out eval once this many seconds of loop clock (wall_s: SFT and evaluations
+    # excluded) have passed since the last one; 0 = off. With eval.every both apply (one eval when
+    # both are due): equal-wall-clock comparisons of methods whose steps differ in cost.
+    c.eval.every_seconds = 0.0
     # pass@k on the held-out set at the end: `pass_k_samples` samples per problem at temperature 1,
     # unbiased estimator 1 - C(n-c, k)/C(n, k) for every k in pass_k. 0 samples = skip.
     c.eval.pass_k_samples = 0
@@ -451,9 +460,10 @@ def check_quantization(model, model_config: Any = None) -> None:
 def check_trained_params(config) -> None:
     """`train.params` against its choices and the base's form (`lora.full`); whether the method
     can train the weights is the method's check (`essa_jax.train.methods`)."""
-    from essa_jax.lora.full import TRAINED_WEIGHTS
+    from essa_jax.lora.full import SFT_PARAMS, TRAINED_WEIGHTS
 
     check_choice("train.params", config.train.params, TRAINED_WEIGHTS)
+    check_choice("train.sft_params", config.train.sft_params, SFT_PARAMS)
     if config.train.params != "lora" and config.model.quantize != "none":
         raise ConfigError(
             "train.params",
@@ -535,6 +545,7 @@ def check_fields(config, num_devices: int | None = None, *, model_config: Any = 
     _check_mesh(config.mesh, num_devices, shape)
     ev = config.eval
     check_positive("eval.every", ev.every, allow_zero=True)
+    check_positive("eval.every_seconds", ev.every_seconds, allow_zero=True)
     check_positive("eval.pass_k_samples", ev.pass_k_samples, allow_zero=True)
     if ev.pass_k_samples:
         ks = tuple(ev.pass_k)
@@ -562,6 +573,7 @@ def data_axis(config, num_devices: int) -> int:
 # The grpo.* floats are GRPOConfig's, which checks them itself (grpo_config).
 FINITE_FIELDS = (
     ("max_wall_seconds", 0.0, True),
+    ("eval.every_seconds", 0.0, True),
     ("task.eval_fraction", 0.0, False),
     ("lora.alpha", 0.0, False),
     ("sft.learning_rate", 0.0, False),

@@ -49,6 +49,7 @@ MAY_CHANGE = (
     "grpo.steps",
     "max_wall_seconds",
     "eval.every",
+    "eval.every_seconds",
     "eval.batch_size",
     "eval.base_model",
     "eval.pass_k_samples",

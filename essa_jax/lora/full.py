@@ -31,12 +31,15 @@ from typing import Any
 import flax.struct
 import jax
 
-from essa_jax.lora.adapter import ToLora
+from essa_jax.lora.adapter import ToLora, master_weights, merge_lora
 from essa_jax.models.config import PROJECTIONS
 from essa_jax.models.quant import QuantizedKernel
 
 # What a gradient method trains (`config.train.params`): the adapter or the model's weights.
 TRAINED_WEIGHTS = ("lora", "full", "projections")
+# What SFT trains in a full-parameter run (`config.train.sft_params`): "same" = the weights
+# `train.params` names; "lora" = a LoRA adapter, then folded into them (`merged_masters`).
+SFT_PARAMS = ("same", "lora")
 
 # (trainable, base weights) -> the weights the model runs with; None in a trainer = the base.
 ToParams = Callable[[Any, Any], Any]
@@ -100,6 +103,14 @@ def full_policy(params: Mapping[str, Any], subset: str = "full") -> tuple[Any, A
     make its float32 masters (`GRPOTrainer.init`, `train_sft`; under ZeRO directly on their shards,
     `rl.placement.zero_init`, so no device holds a whole float32 copy)."""
     return select_weights(params, subset), None, no_lora
+
+
+def merged_masters(params: Mapping[str, Any], adapter: Mapping[str, Any], subset: str) -> Any:
+    """The float32 masters of `select_weights(params, subset)` with a LoRA `adapter` folded into
+    its kernels (W <- W + scale (B A)^T, `merge_lora`, in float32 so that a bfloat16 base does not
+    round the delta away): a full-parameter run that starts from the LoRA SFT model
+    (`train.sft_params = "lora"`, the same SFT start as the adapter methods). Shapes as `params`."""
+    return merge_lora(master_weights(select_weights(params, subset)), dict(adapter))
 
 
 @flax.struct.dataclass

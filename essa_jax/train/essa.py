@@ -286,6 +286,8 @@ class ESSALoop:
             "mean_norm": float(jnp.linalg.norm(es.mean)),
             "completion_len": ev.metrics["completion_len"],
             "truncated": ev.metrics["truncated"],
+            # Completions generated: every candidate answers its prompts (shared or its own).
+            "rollouts": self.cfg.population_size * self.cfg.prompts_per_candidate,
         }
         new = state.replace(es=es, step=state.step + 1, cursor=cursor)
         return new, metrics, int(ev.metrics["tokens"])

@@ -273,6 +273,7 @@ class GRPOLoop:
             "all_wrong": m.pop("all_wrong_frac"),
             "completion_len": m.pop("completion_len_mean"),
             "truncated": m.pop("truncation_rate"),
+            "rollouts": rollouts,  # completions sampled this step (the pipeline sums them)
             **m,
         }
         return state.replace(grpo=new, cursor=cursor), metrics, tokens

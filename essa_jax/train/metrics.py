@@ -1,8 +1,10 @@
 """What a run writes while it trains: JSONL rows, TensorBoard events, a progress bar.
 
-Every row carries the same three axes, whatever the method: `step`, `wall_s` (seconds of the ES /
-RL phase, summed over resumed segments) and `tokens` (generated tokens so far), so ESSA and GRPO
-runs overlay directly (`python -m essa_jax.plot runs/`). `phase` is "sft", "train" or "eval".
+Every row carries the same axes, whatever the method: `step`, `wall_s` (seconds of the ES /
+RL phase, summed over resumed segments) and `tokens` (generated tokens so far); the loop's "train"
+and "eval" rows also `rollouts` (completions generated so far: ESSA's candidates x prompts, GRPO's
+prompts x group), so ESSA and GRPO runs overlay directly (`python -m essa_jax.plot runs/`).
+`phase` is "sft", "train" or "eval".
 """
 
 from __future__ import annotations

@@ -5,7 +5,8 @@
     3. fresh run: LoRA SFT, held-out accuracy of the SFT adapter, checkpoint 0 (the state right
        after SFT); resumed run: restore the latest complete checkpoint instead;
     4. the method's loop, logging every step and evaluating the policy on the held-out set every
-       `eval.every` steps, checkpointing every `checkpoint.every` steps, stopping at the step budget
+       `eval.every` steps and / or `eval.every_seconds` of loop clock (`eval_due`), checkpointing
+       every `checkpoint.every` steps, stopping at the step budget
        or at `max_wall_seconds` of loop wall-clock;
     5. final held-out accuracy (+ pass@k), summary.json and a printed table, PNG plots, the adapter
        in PEFT format (`<workdir>/adapter`).
@@ -44,7 +45,13 @@ from essa_jax.checkpointing import (
 )
 from essa_jax.config import search_seed
 from essa_jax.evaluation import heldout_accuracy, heldout_pass_at_k
-from essa_jax.lora.full import TrainedWeights, full_policy, merge_weights, policy_inputs
+from essa_jax.lora.full import (
+    TrainedWeights,
+    full_policy,
+    merge_weights,
+    merged_masters,
+    policy_inputs,
+)
 from essa_jax.models.export import save_hf_dir
 from essa_jax.models.loading import RANDOM_PREFIX
 from essa_jax.preemption import Preempted, PreemptionGuard
@@ -64,6 +71,9 @@ from essa_jax.workdir import (
 )
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+# The loop's clock (seconds, monotonic): `wall_s`, `max_wall_seconds` and `eval.every_seconds`
+# read it. A module attribute so that tests drive the loop with a fake clock.
+clock = time.perf_counter
 ACCELERATORS = ("gpu", "tpu", "cuda", "rocm")
 
 
@@ -263,11 +273,13 @@ def evaluate_policy(
     return ev
 
 
-def initial_policy(run: Run, key: jax.Array) -> Any:
-    """What SFT starts from (`config.train.params`): a fresh LoRA, or the base's weights as
-    float32 masters (`TrainedWeights`, full-parameter training, `lora.full`)."""
+def initial_policy(run: Run, key: jax.Array, *, sft: bool = False) -> Any:
+    """What SFT starts from (`sft=True`) or a loop's state is shaped like (`config.train.params`):
+    a fresh LoRA, or the base's weights as float32 masters (`TrainedWeights`, full-parameter
+    training, `lora.full`). SFT of a full-parameter run with `train.sft_params = "lora"` trains a
+    fresh LoRA (folded into the weights after SFT: `_sft`)."""
     subset = run.config.train.params
-    if subset != "lora":
+    if subset != "lora" and not (sft and run.config.train.sft_params == "lora"):
         return TrainedWeights(full_policy(run.params, subset)[0])
     # float32 whatever the model dtype: the trained adapter is a master copy (lora.master_weights).
     return lora_lib.init_lora(key, run.model_config, run.lora_config, jnp.float32)
@@ -278,7 +290,7 @@ def _sft(run: Run, key: jax.Array) -> tuple[dict, dict[str, Any]]:
     accuracy."""
     c = run.config
     t0 = time.perf_counter()
-    lora0 = initial_policy(run, key)
+    lora0 = initial_policy(run, key, sft=True)
     full = isinstance(lora0, TrainedWeights)
 
     def log_fn(step: int, m: dict[str, float]) -> None:
@@ -301,6 +313,10 @@ def _sft(run: Run, key: jax.Array) -> tuple[dict, dict[str, Any]]:
         sft_lora = TrainedWeights(sft_lora)
     sft_s = time.perf_counter() - t0
     ev = evaluate_policy(run, sft_lora, step=0, evaluation="sft")
+    if c.train.params != "lora" and not full:
+        # train.sft_params = "lora": the LoRA SFT model (evaluated above as the adapter methods
+        # evaluate it) becomes the full-parameter loop's start, its adapter folded into the weights.
+        sft_lora = TrainedWeights(merged_masters(run.params, sft_lora, c.train.params))
     base = evaluate_policy(run, None, step=0, evaluation="base") if c.eval.base_model else None
     run.log(
         f"SFT: {c.sft.steps} steps in {sft_s:.1f}s; held-out accuracy {ev['acc']:.3f} "
@@ -404,8 +420,8 @@ def _train_and_evaluate(config, workdir, resume, verbose, allow_config_change, g
 
     if latest is None:
         sft_lora, info = _sft(run, k_sft)
-        run.logger.write("eval", 0, wall_s=0.0, tokens=0, **info["sft_eval"])
-        meta = {**info, "wall_s": 0.0, "tokens": 0, "history": []}
+        run.logger.write("eval", 0, wall_s=0.0, tokens=0, rollouts=0, **info["sft_eval"])
+        meta = {**info, "wall_s": 0.0, "tokens": 0, "rollouts": 0, "history": []}
         if loop is None:
             state = {"lora": sft_lora}
         else:
@@ -457,9 +473,15 @@ def _train_and_evaluate(config, workdir, resume, verbose, allow_config_change, g
         final_lora = export = state["lora"]
     ckpt.close()
 
+    t_eval = time.perf_counter()
     final = _final_eval(run, final_lora, meta)
+    t_pass = time.perf_counter()
     pass_k = _pass_at_k(run, final_lora) if config.eval.pass_k_samples else {}
     summary = summary_lib.make_summary(config, meta, final, pass_k)
+    # This invocation's cost of the end (a reused last periodic evaluation costs ~0): what an
+    # experiment's time plan is made from.
+    summary["final_eval_seconds"] = t_pass - t_eval
+    summary["pass_k_seconds"] = time.perf_counter() - t_pass
     summary["malformed_rows_skipped"] = run.malformed_skipped
     if _is_main():
         # Written beside the previous export, then renamed over it: a full disk never leaves a
@@ -505,7 +527,8 @@ def _final_eval(run: Run, lora: Any, meta: dict) -> dict[str, Any]:
     if evals and evals[-1]["step"] == step:
         return evals[-1]
     ev = evaluate_policy(run, lora, step=step, evaluation="final")
-    run.logger.write("eval", step, wall_s=meta["wall_s"], tokens=meta["tokens"], **ev)
+    axes = {"wall_s": meta["wall_s"], "tokens": meta["tokens"], "rollouts": meta.get("rollouts", 0)}
+    run.logger.write("eval", step, **axes, **ev)
     return ev
 
 
@@ -517,7 +540,7 @@ def _rescore_baseline(run: Run, loop, state: Any, meta: dict) -> dict:
     ev = evaluate_policy(run, state["lora"] if loop is None else loop.policy_lora(state))
     base = evaluate_policy(run, None) if c.eval.base_model else None
     history = [
-        {"phase": "eval", "step": 0, "wall_s": 0.0, "tokens": 0, **ev}
+        {"phase": "eval", "step": 0, "wall_s": 0.0, "tokens": 0, "rollouts": 0, **ev}
         if r["phase"] == "eval" and r["step"] == 0
         else r
         for r in meta["history"]
@@ -574,6 +597,10 @@ def _run_loop(run: Run, loop, state, meta: dict, ckpt: Checkpointer, guard: Pree
     step = int(state.step)
     wall = float(meta["wall_s"])
     tokens = int(meta["tokens"])
+    rollouts = int(meta.get("rollouts", 0))  # absent from checkpoints written before it was
+    # The loop-clock time of the last held-out evaluation (the SFT start's is at 0): the next one
+    # is due `eval.every_seconds` after it, also across a resume.
+    last_eval = max([r["wall_s"] for r in run.logger.history if r["phase"] == "eval"] or [0.0])
     progress = Progress(loop.total_steps, step, desc=c.method, enabled=run.verbose)
     last_saved = step
     try:
@@ -581,39 +608,58 @@ def _run_loop(run: Run, loop, state, meta: dict, ckpt: Checkpointer, guard: Pree
             signum = guard.stop_requested()
             if signum:
                 if step != last_saved:
-                    ckpt.save(step, state, _meta(meta, run, wall, tokens))
+                    ckpt.save(step, state, _meta(meta, run, wall, tokens, rollouts))
                     guard.last_checkpoint = step
                 raise Preempted(signum, step, os.path.join(ckpt.directory, str(step)))
             if c.max_wall_seconds and wall >= c.max_wall_seconds:
                 run.log(f"stopping at step {step}: wall-clock budget {c.max_wall_seconds}s reached")
                 break
-            t0 = time.perf_counter()
+            t0 = clock()
             state, m, n_tokens = loop.step(state)
             jax.block_until_ready(state)
-            wall += time.perf_counter() - t0
+            wall += clock() - t0
             tokens += n_tokens
+            # Completions generated this step (the loop's count; 0 for a loop that reports none).
+            rollouts += int(m.pop("rollouts", 0))
             step += 1
+            axes = {"wall_s": wall, "tokens": tokens, "rollouts": rollouts}
             if step % c.log_every == 0 or step == loop.total_steps:
-                run.logger.write("train", step, wall_s=wall, tokens=tokens, **m)
+                run.logger.write("train", step, **axes, **m)
             post = {"reward": m["reward"]}
-            if c.eval.every and step % c.eval.every == 0:
+            if eval_due(c.eval, step, wall, last_eval):
                 ev = evaluate_policy(run, loop.policy_lora(state), step=step, evaluation="periodic")
-                run.logger.write("eval", step, wall_s=wall, tokens=tokens, **ev)
+                run.logger.write("eval", step, **axes, **ev)
                 post["heldout"] = ev["acc"]
+                last_eval = wall
             progress.update(1, **post)
             if c.checkpoint.every and step % c.checkpoint.every == 0:
-                ckpt.save(step, state, _meta(meta, run, wall, tokens))
+                ckpt.save(step, state, _meta(meta, run, wall, tokens, rollouts))
                 last_saved = guard.last_checkpoint = step
     finally:
         progress.close()
-    meta = _meta(meta, run, wall, tokens)
+    meta = _meta(meta, run, wall, tokens, rollouts)
     if step != last_saved:
         ckpt.save(step, state, meta)
     return state, meta
 
 
-def _meta(meta: dict, run: Run, wall: float, tokens: int) -> dict:
-    return {**meta, "wall_s": wall, "tokens": tokens, "history": list(run.logger.history)}
+def eval_due(ev: Any, step: int, wall: float, last_eval: float) -> bool:
+    """Whether a held-out evaluation follows step `step` (`config.eval`): every `eval.every`
+    steps, or once `eval.every_seconds` of loop clock have passed since the last one (at
+    `last_eval` seconds); both may be set (one evaluation when both are due)."""
+    by_step = bool(ev.every) and step % ev.every == 0
+    by_time = bool(ev.every_seconds) and wall - last_eval >= ev.every_seconds
+    return by_step or by_time
+
+
+def _meta(meta: dict, run: Run, wall: float, tokens: int, rollouts: int) -> dict:
+    return {
+        **meta,
+        "wall_s": wall,
+        "tokens": tokens,
+        "rollouts": rollouts,
+        "history": list(run.logger.history),
+    }
 
 
 def load_summary(workdir: str) -> dict:

@@ -30,6 +30,7 @@ def make_summary(config, meta: dict, final: dict, pass_k: dict) -> dict[str, Any
         "sft_seconds": meta["sft_seconds"],
         "train_wall_seconds": meta["wall_s"],
         "generated_tokens": meta["tokens"],
+        "rollouts": meta.get("rollouts", 0),  # completions the loop generated
     }
     if meta.get("base_eval"):
         out["base_heldout_acc"] = meta["base_eval"]["acc"]

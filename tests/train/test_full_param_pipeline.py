@@ -75,3 +75,43 @@ def test_train_params_is_validated():
     with pytest.raises(ConfigError, match="quantised weights have no gradient"):
         validate_config(c)
     validate_config(full_config(2, "projections"))
+
+
+def test_full_parameter_run_starts_from_the_lora_sft_model(tmp_path):
+    """`train.sft_params = "lora"`: the full-parameter loop starts from the base with the LoRA SFT
+    adapter of the adapter methods (same seed: the same adapter, the same held-out score) folded
+    into its weights, not from the raw base nor from a full-parameter SFT."""
+    lora_wd, full_wd = str(tmp_path / "lora"), str(tmp_path / "full")
+    lora_summary = train_and_evaluate(moving_config("grpo", 2), lora_wd, verbose=False)
+    c = full_config(2)
+    c.train.sft_params = "lora"
+    full_summary = train_and_evaluate(c, full_wd, verbose=False)
+    assert full_summary["sft_heldout_acc"] == lora_summary["sft_heldout_acc"]
+
+    adapter = final_state(lora_wd, 0)["grpo"]["params"]  # the SFT adapter (checkpoint 0)
+    start = final_state(full_wd, 0)["grpo"]["params"]  # the full-parameter loop's first masters
+    _, base = tiny_model(c.model.path[len("random:") :], c.seed, np.float32)
+    scale = c.lora.alpha / c.lora.rank
+    assert set(adapter) == set(c.lora.targets)
+    moved = 0.0
+    for t, ad in adapter.items():
+        w = np.asarray(base["layers"][t]["kernel"], np.float64)
+        delta = scale * np.einsum("lri,lor->lio", np.asarray(ad["a"]), np.asarray(ad["b"]))
+        moved = max(moved, float(np.abs(delta).max()))
+        got = np.asarray(start["layers"][t]["kernel"])
+        assert got.dtype == np.float32
+        # float32 rounding of W + delta (and of the rank-r product: r terms)
+        tol = 8 * np.finfo(np.float32).eps * float(np.abs(w).max() + np.abs(delta).max())
+        np.testing.assert_allclose(got, w + delta, rtol=0, atol=tol, err_msg=t)
+    assert moved > 1e-3  # SFT moved the adapter: the check above could tell the base apart
+    for name in ("gate", "up", "down"):  # not LoRA targets: the base's weights as they are
+        np.testing.assert_array_equal(
+            start["layers"][name]["kernel"], np.asarray(base["layers"][name]["kernel"])
+        )
+
+
+def test_sft_params_is_validated():
+    c = full_config(2)
+    c.train.sft_params = "adapter"
+    with pytest.raises(ConfigError, match="train.sft_params"):
+        validate_config(c)
