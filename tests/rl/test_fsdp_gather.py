@@ -18,9 +18,9 @@ import numpy as np
 import pytest
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
+from test_full_params import update_memory
 from toy_model import TOY_CONFIG
 
-from essa_jax.lora.full import full_policy, merge_weights, no_lora
 from essa_jax.mesh import (
     data_only,
     data_psum_unsplit,
@@ -31,7 +31,7 @@ from essa_jax.mesh import (
     place_params,
 )
 from essa_jax.models import ModelConfig, init_params, sequence_logprobs
-from essa_jax.rl import FrozenPolicy, GRPOConfig, GRPOTrainer, RolloutBatch
+from essa_jax.rl import GRPOConfig
 
 # The toy decoder with biases and an untied head: every kind of leaf (stacked kernels and biases,
 # norms, embedding, lm_head) is split over data = 8 and gathered.
@@ -130,45 +130,6 @@ DEEP = ModelConfig(
 )
 
 
-def update_memory(data: int, config: ModelConfig = DEEP, rows: int = 16, t: int = 7):
-    """`memory_analysis` of the compiled full-parameter update on a data axis of `data` devices
-    (masters, AdamW state and base split as the trainer places them; abstract arguments)."""
-    params = jax.eval_shape(lambda: init_params(jax.random.key(0), config))
-    trainable, frozen, _ = full_policy(params, "full")
-    mesh = make_mesh(pop=1, data=data, devices=jax.devices()[:data])
-    trainer = GRPOTrainer(
-        config,
-        GRPOConfig(group_size=4, max_new_tokens=4, beta=0.05),
-        to_lora=no_lora,
-        to_params=merge_weights,
-        reward_fn=lambda *a, **k: [],
-        decode=str,
-        mesh=mesh,
-    )
-    opt = jax.eval_shape(trainer.optimizer.init, trainable)
-    t_sh, o_sh = trainer.state_shardings(trainable, opt)
-
-    def abstract(tree, shardings):
-        return jax.tree.map(
-            lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings
-        )
-
-    policy = FrozenPolicy(abstract(params, t_sh), frozen)  # the base placed as the masters
-    rows_sh = NamedSharding(mesh, P("data"))
-    shape = lambda s, dt: jax.ShapeDtypeStruct(s, dt, sharding=rows_sh)  # noqa: E731
-    batch = RolloutBatch(
-        tokens=shape((rows, t), jnp.int32),
-        attention_mask=shape((rows, t), jnp.int32),
-        completion_mask=shape((rows, 4), jnp.float32),
-        advantages=shape((rows,), jnp.float32),
-        ref_logp=shape((rows, 4), jnp.float32),
-    )
-    lowered = trainer.update_step.lower(
-        policy, abstract(trainable, t_sh), abstract(opt, o_sh), batch, num_rows=rows
-    )
-    return lowered.compile().memory_analysis()
-
-
 def test_update_temporaries_hold_no_whole_model():
     """ZeRO-3 / FSDP: the update's temporaries per device fall with the data axis (gathered
     weights live one layer at a time; gradients are reduce-scattered per layer), not only its
@@ -187,11 +148,12 @@ def test_update_temporaries_hold_no_whole_model():
     W = sum(x.size * 4 for x in jax.tree.leaves(params))
     W_l = sum(x.size * 4 for x in jax.tree.leaves(params["layers"])) // DEEP.num_layers
     W_o = W - W_l * DEEP.num_layers
-    one = update_memory(1)
+    cfg = GRPOConfig(group_size=4, max_new_tokens=4, beta=0.05)
+    one = update_memory(DEEP, params, 1, cfg)
     assert one.temp_size_in_bytes >= W  # the whole gradient
     temps = {1: one.temp_size_in_bytes}
     for n in (2, 4, 8):
-        m = update_memory(n)
+        m = update_memory(DEEP, params, n, cfg)
         temps[n] = m.temp_size_in_bytes
         bound = one.temp_size_in_bytes - W + 2 * W / n + 2 * W_o + 8 * W_l
         assert m.temp_size_in_bytes <= bound, (n, temps, bound, W)
