@@ -207,20 +207,11 @@ def sft_step(
         gathered = functools.partial(gather_outside_layers, specs=base_specs, mesh=mesh)
 
     def body(lora, params, tokens, mask, loss_mask):
-        if mesh is None:
-            return sft_loss_and_grad(
-                lora,
-                params,
-                model_config,
-                tokens,
-                mask,
-                loss_mask,
-                remat=remat,
-                micro_batch_size=micro_batch_size,
-                to_params=to_params,
-            )
-        count = jnp.sum(loss_mask[:, 1:].astype(jnp.float32))
-        w = jnp.maximum(count, 1.0) / jnp.maximum(data_psum(count, mesh), 1.0)
+        # this device's weight in the batch mean (1 on one device)
+        w = 1.0
+        if mesh is not None:
+            count = jnp.sum(loss_mask[:, 1:].astype(jnp.float32))
+            w = jnp.maximum(count, 1.0) / jnp.maximum(data_psum(count, mesh), 1.0)
         loss, grads = sft_loss_and_grad(
             lora,
             params,
@@ -234,6 +225,8 @@ def sft_step(
             scale=w,
             gathered=gathered,
         )
+        if mesh is None:
+            return loss, grads
         grads = jax.tree.map(lambda g: g.astype(jnp.float32), grads)
         if zero:  # split leaves summed by their gathers' transposes
             return data_psum(w * loss, mesh), data_psum_unsplit(grads, specs, mesh)

@@ -30,7 +30,7 @@ from essa_jax.mesh import (
     param_specs,
     place_params,
 )
-from essa_jax.models import ModelConfig, init_params, sequence_logprobs
+from essa_jax.models import init_params, sequence_logprobs
 from essa_jax.rl import GRPOConfig
 
 # The toy decoder with biases and an untied head: every kind of leaf (stacked kernels and biases,
@@ -116,17 +116,8 @@ def test_per_layer_gather_on_8_devices_equals_one_device(config, remat):
 
 # 16 layers of [64 -> 256] MLPs and a 16-token vocabulary: the weights (~1M float32) dwarf a
 # batch of 16 rows x 7 tokens' activations, so the update's memory is the weights'.
-DEEP = ModelConfig(
-    vocab_size=16,
-    hidden_size=64,
-    intermediate_size=256,
-    num_layers=16,
-    num_heads=4,
-    num_kv_heads=2,
-    head_dim=16,
-    tie_embeddings=True,
-    max_position_embeddings=64,
-    eos_token_ids=(2,),
+DEEP = dataclasses.replace(
+    TOY_CONFIG, hidden_size=64, intermediate_size=256, num_layers=16, head_dim=16
 )
 
 

@@ -25,10 +25,10 @@ def params():
     return jax.jit(init_params, static_argnums=1)(jax.random.key(0), CONFIG)
 
 
-def _trainer(cfg, mesh=None, optimizer=None):
+def _trainer(cfg, mesh=None, optimizer=None, config=CONFIG):
     """A full-parameter GRPOTrainer of the toy model (`lora.full`: every weight trained)."""
     return GRPOTrainer(
-        CONFIG,
+        config,
         cfg,
         to_lora=no_lora,
         to_params=merge_weights,
@@ -173,15 +173,7 @@ def update_memory(config, params, data, cfg, rows=16, t=7):
 
     trainable, frozen, _ = full_policy(params, "full")
     mesh = make_mesh(pop=1, data=data, devices=jax.devices()[:data])
-    trainer = GRPOTrainer(
-        config,
-        cfg,
-        to_lora=no_lora,
-        to_params=merge_weights,
-        reward_fn=parity_reward,
-        decode=decode,
-        mesh=mesh,
-    )
+    trainer = _trainer(cfg, mesh, config=config)
     opt = jax.eval_shape(trainer.optimizer.init, trainable)
     t_sh, o_sh = trainer.state_shardings(trainable, opt)
 
