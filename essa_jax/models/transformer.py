@@ -407,11 +407,7 @@ def _decoder(
     elif gather is not None and not cached:
         # FSDP without remat: keep every activation but not the gathered weights, which the
         # scan would otherwise stack into a whole model of residuals; the backward re-gathers.
-        self_block = jax.checkpoint(
-            self_block,
-            prevent_cse=False,
-            policy=jax.checkpoint_policies.save_anything_except_these_names(GATHERED),
-        )
+        self_block = jax.checkpoint(self_block, prevent_cse=False, policy=_save_all_but_gathered)
 
     if cached and isinstance(cache.k, Sequence) and not isinstance(layers, Sequence):
         raise ValueError(
@@ -493,6 +489,16 @@ def _decoder(
         )
     h = rms_norm(h, params["final_norm"], c.rms_norm_eps)
     return h, cache, (None if cached or not kv_out else kv_new)
+
+
+def _save_all_but_gathered(prim: Any, *_: Any, **params: Any) -> bool:
+    """The checkpoint policy of a layer with `gather`: every value may be saved for the backward
+    pass except the gathered weights, i.e. values named GATHERED and the outputs of all_gather
+    (`mesh.data_gather`). Naming alone does not do it: `save_anything_except_these_names` would
+    recompute the name from its input, the all_gather's output, which it saves."""
+    if prim.name == "name":
+        return params["name"] != GATHERED
+    return prim.name != "all_gather"
 
 
 def per_layer_params(params: Params) -> Params:
