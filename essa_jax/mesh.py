@@ -31,6 +31,7 @@ B by ``data``) to waste nothing.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -336,23 +337,46 @@ def data_psum(tree: Any, mesh: Mesh) -> Any:
     return tree if axis_size(mesh, DATA_AXIS) == 1 else jax.lax.psum(tree, DATA_AXIS)
 
 
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
+def _gather_leaf(x: jax.Array, k: int) -> jax.Array:
+    """Tiled all_gather of `x` over ``data`` along dimension k (see `data_gather`)."""
+    return jax.lax.all_gather(x, DATA_AXIS, axis=k, tiled=True)
+
+
+def _gather_leaf_fwd(x: jax.Array, k: int) -> tuple[jax.Array, None]:
+    return _gather_leaf(x, k), None
+
+
+def _gather_leaf_bwd(k: int, _: None, ct: jax.Array) -> tuple[jax.Array]:
+    # The all_gather's transpose, a reduce-scatter, summed in float32 whatever the compute dtype
+    # (FSDP's float32 gradient reduction: a bf16 ring sum rounds at every hop; XLA's CPU
+    # compiler also fails on a bf16 reduce-scatter inside the layer loop), rounded once after.
+    summed = jax.lax.psum_scatter(
+        ct.astype(jnp.float32), DATA_AXIS, scatter_dimension=k, tiled=True
+    )
+    return (summed.astype(ct.dtype),)
+
+
+_gather_leaf.defvjp(_gather_leaf_fwd, _gather_leaf_bwd)
+
+
 def data_gather(tree: Any, specs: Any, mesh: Mesh) -> Any:
     """Inside `over_data`: every leaf split over ``data`` (its spec from `param_specs(...,
     data=)`, `data_dim`) all-gathered whole along that dimension; leaves it leaves whole pass
     through. The tree itself on a data axis of one device.
 
-    Differentiable: the all_gather's transpose reduce-scatters each leaf's cotangent back to this
-    device's shard, summed over every device of ``data`` (in the leaf's dtype: the bf16 compute
-    copy's gradient is summed in bf16, as FSDP with a bf16 reduce dtype), so the gradient w.r.t.
-    a split leaf arrives already reduced (FSDP / ZeRO-3, Rajbhandari et al. 2020, arXiv 1910.02054,
-    Sec. 5.3); a leaf left whole gets this device's own gradient (`data_psum_unsplit` sums it).
+    Differentiable: its transpose reduce-scatters each leaf's cotangent back to this device's
+    shard, summed over every device of ``data`` (in float32, rounded once to the leaf's dtype),
+    so the gradient w.r.t. a split leaf arrives already reduced (FSDP / ZeRO-3, Rajbhandari et
+    al. 2020, arXiv 1910.02054, Sec. 5.3); a leaf left whole gets this device's own gradient
+    (`data_psum_unsplit` sums it).
     """
     if axis_size(mesh, DATA_AXIS) == 1:
         return tree
 
     def one(x: jax.Array, spec: PartitionSpec) -> jax.Array:
         k = data_dim(spec)
-        return x if k is None else jax.lax.all_gather(x, DATA_AXIS, axis=k, tiled=True)
+        return x if k is None else _gather_leaf(x, k)
 
     return jax.tree.map(one, tree, specs)
 

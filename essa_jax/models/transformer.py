@@ -493,11 +493,14 @@ def _decoder(
 
 def _save_all_but_gathered(prim: Any, *_: Any, **params: Any) -> bool:
     """The checkpoint policy of a layer with `gather`: every value may be saved for the backward
-    pass except the gathered weights, i.e. values named GATHERED and the outputs of all_gather
-    (`mesh.data_gather`). Naming alone does not do it: `save_anything_except_these_names` would
-    recompute the name from its input, the all_gather's output, which it saves."""
+    pass except the gathered weights, i.e. values named GATHERED and the outputs of an all_gather,
+    alone or as the primal of a custom VJP (`mesh.data_gather`'s). Naming alone does not do it:
+    `save_anything_except_these_names` would recompute the name from its input, the gather's
+    output, which it saves."""
     if prim.name == "name":
         return params["name"] != GATHERED
+    if prim.name == "custom_vjp_call":
+        return not any(e.primitive.name == "all_gather" for e in params["call_jaxpr"].jaxpr.eqns)
     return prim.name != "all_gather"
 
 

@@ -186,7 +186,7 @@ class UpdateProgram:
     payload of the compiled rollout), which each scoring pass gathers too, a layer at a time;
     weight_gather_bytes: the update's all-gathers, each layer's bf16 weights forward and again
     backward, per micro-batch (the HLO all-gather payloads times their trip counts);
-    grad_scatter_bytes: the gradient (compute dtype) reduce-scattered over data per layer and
+    grad_scatter_bytes: the float32 gradient reduce-scattered over data per layer and
     micro-batch (the HLO reduce-scatter payloads times their trip counts)."""
 
     micro_batch_rows: int
