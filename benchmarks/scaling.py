@@ -237,6 +237,9 @@ def _update_program(upd: dict, grpo_cfg, grpo_counts: dict) -> tuple[Any, list[d
         xla_flops=upd["xla_flops"],
         weight_gather_bytes=_hlo_bytes(upd, "all-gather", data) if full else 0.0,
         grad_scatter_bytes=_hlo_bytes(upd, "reduce-scatter", data) if full else 0.0,
+        rollout_gather_bytes=(
+            _hlo_bytes(grpo_counts["grpo_rollout"], "all-gather", data) if full else 0.0
+        ),
     ), grad
 
 
@@ -432,7 +435,11 @@ def main() -> None:
     c = cm_summary["compare_with_paper"]
     cf = cm_summary["compare_full_with_paper"]
     full_upd = cm_summary["grpo_full_update_program"]
-    grpo_full_bytes = full_upd["weight_gather_bytes"] * 2 + full_upd["grad_scatter_bytes"]
+    grpo_full_bytes = (
+        full_upd["rollout_gather_bytes"] * (1 + full_upd["score_passes"])
+        + full_upd["weight_gather_bytes"]
+        + full_upd["grad_scatter_bytes"]
+    )
     print(
         "\npaper (Qwen2.5-32B PRM800K): ESSA 200 -> <20 min, GRPO 400 -> 150 min from 16 to 128 "
         f"GPUs (speedup 2x -> 6x, growth {c['reported_speedup_growth']:.1f}x). Predicted per step: "

@@ -31,6 +31,7 @@ B by ``data``) to waste nothing.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -344,21 +345,80 @@ def data_psum(tree: Any, mesh: Mesh) -> Any:
     return tree if axis_size(mesh, DATA_AXIS) == 1 else jax.lax.psum(tree, DATA_AXIS)
 
 
-def data_psum_scatter(tree: Any, specs: Any, mesh: Mesh) -> Any:
-    """Sum over ``data`` inside `over_data`, each leaf left split as its spec (`param_specs(...,
-    data=)`) says: a reduce-scatter along `data_dim(spec)` (each device keeps its 1/data block,
-    half an all-reduce's traffic), a psum for a leaf replicated over ``data``. The tree itself on
-    a data axis of one device."""
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
+def _gather_leaf(x: jax.Array, k: int) -> jax.Array:
+    """Tiled all_gather of `x` over ``data`` along dimension k (see `data_gather`)."""
+    return jax.lax.all_gather(x, DATA_AXIS, axis=k, tiled=True)
+
+
+def _gather_leaf_fwd(x: jax.Array, k: int) -> tuple[jax.Array, None]:
+    return _gather_leaf(x, k), None
+
+
+def _gather_leaf_bwd(k: int, _: None, ct: jax.Array) -> tuple[jax.Array]:
+    # The all_gather's transpose, a reduce-scatter, summed in float32 whatever the compute dtype
+    # (FSDP's float32 gradient reduction: a bf16 ring sum rounds at every hop; XLA's CPU
+    # compiler also fails on a bf16 reduce-scatter inside the layer loop), rounded once after.
+    summed = jax.lax.psum_scatter(
+        ct.astype(jnp.float32), DATA_AXIS, scatter_dimension=k, tiled=True
+    )
+    return (summed.astype(ct.dtype),)
+
+
+_gather_leaf.defvjp(_gather_leaf_fwd, _gather_leaf_bwd)
+
+
+def data_gather(tree: Any, specs: Any, mesh: Mesh) -> Any:
+    """Inside `over_data`: every leaf split over ``data`` (its spec from `param_specs(...,
+    data=)`, `data_dim`) all-gathered whole along that dimension; leaves it leaves whole pass
+    through. The tree itself on a data axis of one device.
+
+    Differentiable: its transpose reduce-scatters each leaf's cotangent back to this device's
+    shard, summed over every device of ``data`` (in float32, rounded once to the leaf's dtype),
+    so the gradient w.r.t. a split leaf arrives already reduced (FSDP / ZeRO-3, Rajbhandari et
+    al. 2020, arXiv 1910.02054, Sec. 5.3); a leaf left whole gets this device's own gradient
+    (`data_psum_unsplit` sums it).
+    """
     if axis_size(mesh, DATA_AXIS) == 1:
         return tree
 
     def one(x: jax.Array, spec: PartitionSpec) -> jax.Array:
         k = data_dim(spec)
-        if k is None:
-            return jax.lax.psum(x, DATA_AXIS)
-        return jax.lax.psum_scatter(x, DATA_AXIS, scatter_dimension=k, tiled=True)
+        return x if k is None else _gather_leaf(x, k)
 
     return jax.tree.map(one, tree, specs)
+
+
+def data_psum_unsplit(tree: Any, specs: Any, mesh: Mesh) -> Any:
+    """Inside `over_data`: the gradients of weights gathered by `data_gather`, completed: a psum
+    over ``data`` of each leaf its spec leaves whole (its gather was the identity, so each device
+    holds its own rows' gradient); a split leaf's gradient, already reduce-scattered by the
+    gather's transpose, passes through. The tree itself on a data axis of one device."""
+    if axis_size(mesh, DATA_AXIS) == 1:
+        return tree
+
+    def one(x: jax.Array, spec: PartitionSpec) -> jax.Array:
+        return jax.lax.psum(x, DATA_AXIS) if data_dim(spec) is None else x
+
+    return jax.tree.map(one, tree, specs)
+
+
+def gather_outside_layers(weights: Any, specs: Any, mesh: Mesh) -> tuple[Any, Any]:
+    """FSDP's weights of one program, inside `over_data`: `(weights, gather)` with every leaf
+    but the stacked layers gathered whole once (`data_gather`: embedding, final norm, untied
+    head; used before and after the layer scan) and `gather`, one layer's param dict (its leaves
+    without the layer axis) -> the same layer gathered, for the model to call inside its layer
+    scan (`models.transformer.hidden_states(gather=)`), so one layer's whole weights exist at a
+    time. `specs`: `param_specs(..., data=)` of `weights` at their global shapes."""
+    top = {k: v for k, v in weights.items() if k != "layers"}
+    top = data_gather(top, {k: specs[k] for k in top}, mesh)
+    # A stacked leaf's spec never splits the layer axis (`param_specs`): drop that entry.
+    per_layer = jax.tree.map(lambda s: PartitionSpec(*s[1:]), specs["layers"])
+
+    def gather(layer: Any) -> Any:
+        return data_gather(layer, per_layer, mesh)
+
+    return {**top, "layers": weights["layers"]}, gather
 
 
 def data_only(spec: PartitionSpec) -> PartitionSpec:

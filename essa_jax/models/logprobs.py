@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 
 from essa_jax.models.config import ModelConfig
-from essa_jax.models.transformer import Params, hidden_states, output_kernel
+from essa_jax.models.transformer import LayerGather, Params, hidden_states, output_kernel
 
 _CHUNK_ELEMENTS = 1 << 25  # ~128 MiB of float32 logits per chunk.
 
@@ -33,6 +33,7 @@ def sequence_logprobs(
     chunk_size: int | None = None,
     remat: bool = False,
     last: int | None = None,
+    gather: LayerGather | None = None,
 ) -> jax.Array | tuple[jax.Array, jax.Array]:
     """log p(tokens[:, t+1] | tokens[:, :t+1]) for t < T-1: [B, T-1] float32 (and entropies).
 
@@ -43,7 +44,8 @@ def sequence_logprobs(
     chunk) defaults to keep each chunk's logits near 128 MiB. Differentiable (w.r.t. params and
     lora) without materialising [B, T, V]. `remat` checkpoints each decoder layer
     (`hidden_states`): the backward pass keeps one [B, T, d] input per layer instead of the
-    layer's activations.
+    layer's activations. `gather`: FSDP's per-layer gather of sharded layer weights
+    (`hidden_states`); the other leaves come whole.
 
     `last` = K scores only the final K targets (tokens[:, T-K:]): [B, K], equal to the last K
     columns of the full result. The lm_head, its log-softmax and the entropy (a [V]-wide pass
@@ -62,6 +64,7 @@ def sequence_logprobs(
         positions=positions,
         lora=lora,
         remat=remat,
+        gather=gather,
     )[:, T - 1 - n : T - 1]
     targets = tokens[:, T - n :]
     if chunk_size is None:

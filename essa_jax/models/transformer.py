@@ -34,13 +34,14 @@ is the same with or without a mesh.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import flax.struct
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.ad_checkpoint import checkpoint_name
 
 from essa_jax.models.attention import attention
 from essa_jax.models.config import PROJECTIONS, ModelConfig
@@ -52,6 +53,11 @@ from essa_jax.models.quant import QuantizedKernel, qmatmul
 # in decode, two dispatches of a matmul too small to keep the cores busy.
 FUSED_LORA_TARGETS = {"qkv": ("q", "k", "v"), "gate_up": ("gate", "up")}
 Params = dict[str, Any]
+# FSDP's per-layer gather (`hidden_states(gather=)`): one layer's weight shards -> its weights.
+LayerGather = Callable[[Params], Params]
+# The name of a layer's gathered weights (`jax.ad_checkpoint.checkpoint_name`), which the layer's
+# checkpoint policy leaves out of the backward pass's residuals.
+GATHERED = "fsdp_gathered_weights"
 
 
 @flax.struct.dataclass
@@ -224,6 +230,7 @@ def hidden_states(
     lora: Mapping[str, Any] | None = None,
     cache: KVCache | None = None,
     remat: bool = False,
+    gather: LayerGather | None = None,
 ) -> jax.Array | tuple[jax.Array, KVCache]:
     """Final (normed) hidden states [B, T, d] in the params dtype; `(h, cache)` with a cache.
 
@@ -235,9 +242,17 @@ def hidden_states(
     `remat=True` checkpoints each layer (`jax.checkpoint`): a backward pass keeps only each
     layer's input h [B, T, d] and recomputes the layer's activations (same values; about one more
     forward pass of compute). Without a cache only; it changes nothing without differentiation.
+
+    `gather` (FSDP, docs/ARCHITECTURE.md "Full-parameter training"): params["layers"] holds each
+    device's shard of the layer weights and `gather(layer)` (one layer's param dict, without the
+    layer axis -> the whole layer's; `mesh.gather_outside_layers`) runs inside the layer loop, so
+    one layer's whole weights exist at a time. Differentiated, the gathered weights are no
+    residual of the backward pass (a layer checkpointed with every value saved but them,
+    `GATHERED`): the backward gathers each layer again, as FSDP does. The other leaves (embed,
+    final_norm, lm_head) must come whole.
     """
     h, cache, _ = _decoder(
-        params, config, tokens, attention_mask, positions, lora, cache, None, remat
+        params, config, tokens, attention_mask, positions, lora, cache, None, remat, gather
     )
     return h if cache is None else (h, cache)
 
@@ -292,6 +307,7 @@ def _decoder(
     cache: KVCache | None,
     kv_out: tuple[Any, int] | None,
     remat: bool = False,
+    gather: LayerGather | None = None,
 ) -> tuple[jax.Array, KVCache | None, tuple[jax.Array, jax.Array] | None]:
     """`hidden_states`, returning (h, cache or None, new k/v or None). Without a cache and with
     `kv_out = (dtype, S)`, the new tokens' keys and values (cast to dtype, and attended as cast)
@@ -374,15 +390,24 @@ def _decoder(
     def self_only(k, v):
         return [(k, v, q_slots, attention_mask)]
 
+    def whole(p):
+        """A layer's weights as the block reads them: gathered (and named, so that no backward
+        pass keeps them) with `gather`, else as they are."""
+        return p if gather is None else checkpoint_name(gather(p), GATHERED)
+
     def self_block(h, p, ad):
         """A layer attending to its own tokens only (no cache): the layer that `remat` wraps."""
-        return block(h, p, ad, self_only)
+        return block(h, whole(p), ad, self_only)
 
     if remat and not cached:
         # Per-layer activation checkpointing: only h enters each layer's residuals (the layer's
         # params and adapters are inputs already); prevent_cse=False is safe under scan / a
         # straight-line loop and lets XLA fuse the recomputation.
         self_block = jax.checkpoint(self_block, prevent_cse=False)
+    elif gather is not None and not cached:
+        # FSDP without remat: keep every activation but not the gathered weights, which the
+        # scan would otherwise stack into a whole model of residuals; the backward re-gathers.
+        self_block = jax.checkpoint(self_block, prevent_cse=False, policy=_save_all_but_gathered)
 
     if cached and isinstance(cache.k, Sequence) and not isinstance(layers, Sequence):
         raise ValueError(
@@ -418,7 +443,7 @@ def _decoder(
                 cv[i] = jax.lax.dynamic_update_slice(cv[i], v, at)
                 return [(ck[i], cv[i], cache_slots, new_mask)]
 
-            h, _ = block(h, p, ad, write_then_read)
+            h, _ = block(h, whole(p), ad, write_then_read)
         if cached:
             new_k, new_v = tuple(ck), tuple(cv)
             if stacked_cache:
@@ -448,7 +473,7 @@ def _decoder(
             def cache_then_self(k, v):
                 return [(k_l, v_l, cache_slots, old_mask), *self_only(k, v)]
 
-            return block(h, p, ad, cache_then_self)
+            return block(h, whole(p), ad, cache_then_self)
 
         h, (k_new, v_new) = jax.lax.scan(step, h, (layers, lora, cache.k, cache.v))
         at = (0, 0, 0, cache.index, 0)
@@ -464,6 +489,19 @@ def _decoder(
         )
     h = rms_norm(h, params["final_norm"], c.rms_norm_eps)
     return h, cache, (None if cached or not kv_out else kv_new)
+
+
+def _save_all_but_gathered(prim: Any, *_: Any, **params: Any) -> bool:
+    """The checkpoint policy of a layer with `gather`: every value may be saved for the backward
+    pass except the gathered weights, i.e. values named GATHERED and the outputs of an all_gather,
+    alone or as the primal of a custom VJP (`mesh.data_gather`'s). Naming alone does not do it:
+    `save_anything_except_these_names` would recompute the name from its input, the gather's
+    output, which it saves."""
+    if prim.name == "name":
+        return params["name"] != GATHERED
+    if prim.name == "custom_vjp_call":
+        return not any(e.primitive.name == "all_gather" for e in params["call_jaxpr"].jaxpr.eqns)
+    return prim.name != "all_gather"
 
 
 def per_layer_params(params: Params) -> Params:
@@ -535,6 +573,7 @@ def forward(
     lora: Mapping[str, Any] | None = None,
     cache: KVCache | None = None,
     remat: bool = False,
+    gather: LayerGather | None = None,
 ) -> jax.Array | tuple[jax.Array, KVCache]:
     """Logits [B, T, V] (float32), or `(logits, cache)` when a cache is given.
 
@@ -549,6 +588,7 @@ def forward(
         lora=lora,
         cache=cache,
         remat=remat,
+        gather=gather,
     )
     if cache is None:
         return lm_head(params, config, out)

@@ -5,9 +5,11 @@ a mesh (one device = a mesh of one): rollout, scoring, the policy loss and the u
 over ``data`` and padded to it with copies of row 0 (`essa_jax.mesh.pad_to`); the trainable, the
 optimiser state and the base weights stay replicated over it (the weights split over an Auto
 ``model`` axis, `rl.placement.place_base`), except in full-parameter training (`lora.full`),
-which splits them over ``data`` too (ZeRO: `shard_weights`, `rl.placement.zero_placement`). Each
-device generates, scores and differentiates its own block of rows; one psum per update adds the
-gradients (ZeRO: one reduce-scatter per micro-batch). On a data axis of one device there is
+which splits them over ``data`` too (ZeRO-3 / FSDP: `shard_weights`,
+`rl.placement.zero_placement`; scoring and the loss gather each layer's weights inside the layer
+scan, `mesh.gather_outside_layers`). Each device generates, scores and differentiates its own
+block of rows; one psum per update adds the gradients (FSDP: the per-layer gathers' transposes
+reduce-scatter them, per layer and micro-batch). On a data axis of one device there is
 no padding and no collective (`essa_jax.mesh.over_data` is the body itself, `data_psum` /
 `data_all_gather` the identity), so a one-device program is the plain one, bit for bit.
 
@@ -29,16 +31,18 @@ from essa_jax.lora.adapter import ToLora
 from essa_jax.lora.full import ToParams, compute_copy, model_weights
 from essa_jax.mesh import (
     DATA_AXIS,
+    MODEL_AXIS,
     axis_size,
     data_all_gather,
-    data_dim,
     data_only,
     data_psum,
-    data_psum_scatter,
+    data_psum_unsplit,
+    gather_outside_layers,
     on_mesh,
     over_data,
     pad_to,
     padded_size,
+    param_specs,
 )
 from essa_jax.models.config import ModelConfig
 from essa_jax.models.generate import Generation, generate, generate_chunked, row_keys
@@ -116,10 +120,36 @@ class GRPOPrograms:
 
     def compute_weights(self, policy: FrozenPolicy, trainable: Any) -> Any:
         """What a program's shard_map receives of the trainable: with `shard_weights` the masters
-        cast to the base's dtype outside it (`lora.full.compute_copy`, elementwise on the shards),
-        so entering the shard_map (replicated over ``data``) all-gathers bfloat16 weights, half
-        the bytes of the float32 masters; else the trainable as it is."""
+        cast to the base's dtype outside it (`lora.full.compute_copy`, elementwise on the shards:
+        every gather then moves bfloat16 weights, half the bytes of the float32 masters); else
+        the trainable as it is."""
         return compute_copy(trainable, policy.base) if self.shard_weights else trainable
+
+    def base_specs(self, policy: FrozenPolicy) -> Any:
+        """`PartitionSpec`s of the base weights (and so of the weights the model runs with:
+        `merge_weights` keeps the base's tree) split over ``model`` and ``data``
+        (`mesh.param_specs`), at their global shapes; for `shard_weights`."""
+        model = axis_size(self.mesh, MODEL_AXIS)
+        return param_specs(policy.base, self.model_config, model, self.data)
+
+    def sharded_in_specs(self, policy: FrozenPolicy, trainable: Any) -> tuple[Any, Any]:
+        """`over_data` in_specs of (policy, compute weights) in the scoring and update programs:
+        with `shard_weights` both enter split over ``data`` (`data_only` of their specs: the
+        base, the KL reference, stays sharded too), else replicated."""
+        if not self.shard_weights:
+            return P(), P()
+        base = jax.tree.map(data_only, self.base_specs(policy))
+        trained = jax.tree.map(data_only, self.trainable_specs(trainable))
+        return policy.replace(base=base, adapter=P()), trained
+
+    def gathered(self, weights: Any, specs: Any = None) -> tuple[Any, Any]:
+        """(weights, layer gather) the model runs with inside a program body: `weights` as they
+        are (no gather), or with `specs` (`base_specs`: they arrived split over ``data``)
+        gathered FSDP-style, the non-layer leaves once here and each layer inside the layer scan
+        (`mesh.gather_outside_layers`)."""
+        if specs is None:
+            return weights, None
+        return gather_outside_layers(weights, specs, self.mesh)
 
     def weights(self, policy: FrozenPolicy, trainable: Any) -> Any:
         """The weights the policy runs with: the base, or with full-parameter training
@@ -145,6 +175,12 @@ class GRPOPrograms:
         done (no collective per token). One exception keeps the single-device sampling of
         `models.generate`: on a data axis of one device with rows_per_chunk = 0 the batch samples
         with the one key (other draws than the per-row keys). `key`: typed or raw key data.
+
+        With `shard_weights` the weights enter replicated over ``data``: the one re-shard per
+        step into the generation layout (decoding then reads only local weights), an all-gather
+        of the bf16 compute copy (and of the base's frozen leaves) of (data - 1) / data x 2 bytes
+        x weights / model received per device (Qwen2.5-7B on data = 8: 13.3 GB), the whole bf16
+        model then held for the rollout.
         """
         cfg = self.cfg
         if jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
@@ -204,45 +240,57 @@ class GRPOPrograms:
         reference is the base model with the adapter disabled (lora=None), so no second copy of
         the weights exists."""
 
+        specs = self.base_specs(policy) if self.shard_weights else None
+
         def body(policy, trainable, tokens, attention_mask):
             out = []
-            lora = self.to_lora(trainable, policy.adapter)
-            ref = (policy.base, None)  # the initial weights with no adapter
-            for on, (params, adapter) in (
-                (with_policy, (self.weights(policy, trainable), lora)),
-                (with_ref, ref),
+            # the policy's weights, and the initial weights with no adapter (the reference);
+            # with `shard_weights` both split over data and gathered a layer at a time
+            for on, weights, lora in (
+                (
+                    with_policy,
+                    self.weights(policy, trainable),
+                    self.to_lora(trainable, policy.adapter),
+                ),
+                (with_ref, policy.base, None),
             ):
+                params, gather = self.gathered(weights, specs)
                 out.append(
                     sequence_logprobs(
                         params,
                         self.model_config,
                         tokens,
                         attention_mask,
-                        lora=adapter,
+                        lora=lora,
                         temperature=self.cfg.temperature,
                         remat=self.cfg.remat,
                         last=last,
+                        gather=gather,
                     )
                     if on
                     else None
                 )
             return out[0], out[1]
 
-        return over_data(body, self.mesh, (P(), P(), ROWS, ROWS), (ROWS, ROWS))(
+        in_specs = (*self.sharded_in_specs(policy, trainable), ROWS, ROWS)
+        return over_data(body, self.mesh, in_specs, (ROWS, ROWS))(
             policy, self.compute_weights(policy, trainable), tokens, attention_mask
         )
 
     # -- the loss and the update
 
     def loss(
-        self, policy: FrozenPolicy, trainable: Any, batch: RolloutBatch
+        self, policy: FrozenPolicy, trainable: Any, batch: RolloutBatch, specs: Any = None
     ) -> tuple[jax.Array, dict[str, jax.Array]]:
         """The policy loss of `batch` (local rows) under `trainable` (to be minimised) and its
-        diagnostics (`rl.losses.policy_loss`: GRPO / DAPO clipped ratio, CISPO clipped weight)."""
+        diagnostics (`rl.losses.policy_loss`: GRPO / DAPO clipped ratio, CISPO clipped weight).
+        `specs` (`base_specs`, inside `over_data`): the weights arrive split over ``data`` and
+        are gathered a layer at a time (`gathered`)."""
         cfg = self.cfg
         num_new = batch.completion_mask.shape[1]
+        params, gather = self.gathered(self.weights(policy, trainable), specs)
         lp, ent = sequence_logprobs(
-            self.weights(policy, trainable),
+            params,
             self.model_config,
             batch.tokens,
             batch.attention_mask,
@@ -251,6 +299,7 @@ class GRPOPrograms:
             return_entropy=True,
             remat=cfg.remat,
             last=num_new,  # the head and its softmax run on the completion positions only
+            gather=gather,
         )
         old = jax.lax.stop_gradient(lp) if batch.old_logp is None else batch.old_logp
         return policy_loss(
@@ -274,39 +323,43 @@ class GRPOPrograms:
         trainable: Any,
         batch: RolloutBatch,
         weights: jax.Array,
-        specs: Any = None,
+        specs: tuple[Any, Any] | None = None,
     ) -> tuple[tuple[jax.Array, dict[str, jax.Array]], Any]:
         """((losses [n], auxs [n]), sum_i w_i grad_i) of one device's rows [b, ...] split into
         n contiguous micro-batches under `lax.scan` (one micro-batch's activations alive at a
         time), `weights` [n] those of `micro_batch_weights`.
 
-        `specs` (inside `over_data`, `shard_weights`): each weighted micro-batch gradient is
-        reduce-scattered over ``data`` as it is made (`mesh.data_psum_scatter`, FSDP's
-        reduce-scatter per micro-batch), so the float32 accumulator is this device's 1/data
-        shard of every leaf and the sum over devices is done; None: the local sum.
+        `specs` = (`base_specs`, `trainable_specs`) (inside `over_data`, `shard_weights`: the
+        trainable and the base arrive split over ``data``): the loss gathers each layer's weights
+        inside the layer scan (`gathered`), so each micro-batch's backward pass
+        reduce-scatters every split leaf's gradient over ``data`` as it is made (the gather's
+        transpose, `mesh.data_gather`: FSDP's reduce-scatter per layer and micro-batch) and the
+        float32 accumulator is this device's 1/data shard of every leaf, summed over devices; the
+        leaves left whole get one psum at the end (`mesh.data_psum_unsplit`). None: the local
+        sum. The weight w_i scales the loss before differentiation, since the sum over devices
+        happens inside the backward pass.
         """
-        grad_fn = jax.value_and_grad(self.loss, argnums=1, has_aux=True)
+        model_specs, trained_specs = (None, None) if specs is None else specs
         n = weights.shape[0]
         micro = jax.tree.map(lambda x: x.reshape(n, -1, *x.shape[1:]), batch)
 
+        def weighted(t: Any, mb: RolloutBatch, w: jax.Array) -> tuple[jax.Array, Any]:
+            loss, aux = self.loss(policy, t, mb, model_specs)
+            return w * loss, (loss, aux)
+
+        grad_fn = jax.grad(weighted, has_aux=True)
+
         def one(acc, xs):
             mb, w = xs
-            (loss, aux), g = grad_fn(policy, trainable, mb)
-            g = jax.tree.map(lambda gi: w * gi.astype(jnp.float32), g)
-            if specs is not None:
-                g = data_psum_scatter(g, specs, self.mesh)
-            return jax.tree.map(jnp.add, acc, g), (loss, aux)
+            g, (loss, aux) = grad_fn(trainable, mb, w)
+            return jax.tree.map(lambda a, gi: a + gi.astype(jnp.float32), acc, g), (loss, aux)
 
         # float32 accumulators whatever the trainable's dtype (a sharded update differentiates the
-        # bfloat16 compute copy, `compute_weights`), of the shard's shape when scattered.
-        def zero(x: jax.Array, spec: Any) -> jax.Array:
-            shape = list(x.shape)
-            if specs is not None and (k := data_dim(spec)) is not None:
-                shape[k] //= self.data
-            return jnp.zeros(shape, jnp.float32)
-
-        zeros = jax.tree.map(zero, trainable, specs if specs is not None else trainable)
+        # bfloat16 compute copy's shards, `compute_weights`).
+        zeros = jax.tree.map(lambda x: jnp.zeros(x.shape, jnp.float32), trainable)
         grads, (losses, auxs) = jax.lax.scan(one, zeros, (micro, weights))
+        if specs is not None:
+            grads = data_psum_unsplit(grads, trained_specs, self.mesh)
         return (losses, auxs), grads
 
     def loss_and_grad(
@@ -365,6 +418,7 @@ class GRPOPrograms:
         local = padded // d
         n = local // (cfg.micro_batch_size or local)
         specs = self.trainable_specs(trainable)
+        model_specs = self.base_specs(policy) if self.shard_weights else None
 
         def body(policy, trainable, batch):
             if n * d == 1:
@@ -380,8 +434,10 @@ class GRPOPrograms:
             mine = weights
             if d > 1:
                 mine = jax.lax.dynamic_slice_in_dim(weights, jax.lax.axis_index(DATA_AXIS) * n, n)
-            if self.shard_weights:  # reduce-scattered per micro-batch: each device its shard
-                (losses, auxs), grads = self._accumulate(policy, trainable, batch, mine, specs)
+            if self.shard_weights:  # reduce-scattered per layer: each device its shard
+                (losses, auxs), grads = self._accumulate(
+                    policy, trainable, batch, mine, (model_specs, specs)
+                )
             else:
                 (losses, auxs), grads = self._accumulate(policy, trainable, batch, mine)
                 grads = data_psum(grads, self.mesh)  # the one all-reduce of the update
@@ -398,7 +454,8 @@ class GRPOPrograms:
             return jnp.sum(weights * losses), aux, grads
 
         grad_specs = jax.tree.map(data_only, specs) if self.shard_weights else P()
-        loss, aux, grads = over_data(body, self.mesh, (P(), P(), ROWS), (P(), P(), grad_specs))(
+        in_specs = (*self.sharded_in_specs(policy, trainable), ROWS)
+        loss, aux, grads = over_data(body, self.mesh, in_specs, (P(), P(), grad_specs))(
             policy, self.compute_weights(policy, trainable), batch
         )
         updates, opt_state = self.optimizer.update(grads, opt_state, trainable)

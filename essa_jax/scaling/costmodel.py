@@ -180,11 +180,14 @@ class UpdateProgram:
     the compiled update, outside every loop: exact); score_passes: forward passes over the rows
     for old / reference log-probs (0 when the config needs neither).
 
-    Full-parameter training with ZeRO over data (`lora.full`, docs/ARCHITECTURE.md): grad_bytes
-    0; weight_gather_bytes: the bf16 weights every program all-gathers over data on entry (the
-    HLO all-gather payload of the compiled update: rollout, each scoring pass and the update each
-    gather them once); grad_scatter_bytes: the float32 gradient reduce-scattered over data, summed
-    over the update's micro-batches (the HLO reduce-scatter payloads times their trip counts)."""
+    Full-parameter training with ZeRO-3 / FSDP over data (`lora.full`, docs/ARCHITECTURE.md,
+    "Full-parameter training"): grad_bytes 0; rollout_gather_bytes: the bf16 weights the rollout
+    all-gathers over data on entry, the re-shard into the generation layout (the HLO all-gather
+    payload of the compiled rollout), which each scoring pass gathers too, a layer at a time;
+    weight_gather_bytes: the update's all-gathers, each layer's bf16 weights forward and again
+    backward, per micro-batch (the HLO all-gather payloads times their trip counts);
+    grad_scatter_bytes: the float32 gradient reduce-scattered over data per layer and
+    micro-batch (the HLO reduce-scatter payloads times their trip counts)."""
 
     micro_batch_rows: int
     sequence: int
@@ -194,6 +197,7 @@ class UpdateProgram:
     xla_flops: float = 0.0
     weight_gather_bytes: float = 0.0
     grad_scatter_bytes: float = 0.0
+    rollout_gather_bytes: float = 0.0
 
 
 # ---------------------------------------------------------------------------------------------
@@ -365,11 +369,13 @@ def grpo_step_time(
         "score": upd_t["score"],
         "update": upd_t["update"] + upd_t["tp_allreduce"],
         "grad_allreduce": allreduce_time(upd.grad_bytes, r, chip),
-        # ZeRO (full-parameter): the bf16 weights gathered by the rollout, each scoring pass and
-        # the update; the gradient reduce-scattered (a ring reduce-scatter = an all-gather's
-        # bytes; latency counted once per update, the micro-batches' payloads summed).
-        "weight_allgather": (2 + upd.score_passes)
-        * allgather_time(upd.weight_gather_bytes, r, chip),
+        # FSDP (full-parameter): the bf16 weights gathered whole by the rollout and by each
+        # scoring pass (a layer at a time), and per micro-batch, forward and backward, by the
+        # update; the gradient reduce-scattered (a ring reduce-scatter = an all-gather's bytes;
+        # latency counted once per program, the layers' and micro-batches' payloads summed).
+        "weight_allgather": (1 + upd.score_passes)
+        * allgather_time(upd.rollout_gather_bytes, r, chip)
+        + allgather_time(upd.weight_gather_bytes, r, chip),
         "grad_reducescatter": allgather_time(upd.grad_scatter_bytes, r, chip),
     }
     phases["total"] = sum(phases.values())

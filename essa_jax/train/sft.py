@@ -18,6 +18,7 @@ global token count as the denominator.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -34,7 +35,8 @@ from essa_jax.mesh import (
     axis_size,
     data_only,
     data_psum,
-    data_psum_scatter,
+    data_psum_unsplit,
+    gather_outside_layers,
     host_copy,
     over_data,
     padded_size,
@@ -71,9 +73,12 @@ def sft_sequences(data: PromptSet, pad_id: int) -> tuple[np.ndarray, np.ndarray,
     return tokens, mask, loss_mask
 
 
-def sft_loss(lora, params, model_config, tokens, mask, loss_mask, remat: bool = False):
-    """Mean NLL over target tokens: -sum(log p * m) / sum(m), m = loss_mask[:, 1:]."""
-    lp = sequence_logprobs(params, model_config, tokens, mask, lora=lora, remat=remat)  # [B, T-1]
+def sft_loss(lora, params, model_config, tokens, mask, loss_mask, remat: bool = False, gather=None):
+    """Mean NLL over target tokens: -sum(log p * m) / sum(m), m = loss_mask[:, 1:]. `gather`:
+    FSDP's per-layer gather of split layer weights (`models.hidden_states`)."""
+    lp = sequence_logprobs(
+        params, model_config, tokens, mask, lora=lora, remat=remat, gather=gather
+    )  # [B, T-1]
     m = loss_mask[:, 1:].astype(jnp.float32)
     return -jnp.sum(lp * m) / jnp.maximum(jnp.sum(m), 1.0)
 
@@ -89,6 +94,8 @@ def sft_loss_and_grad(
     remat: bool = False,
     micro_batch_size: int = 0,
     to_params: ToParams | None = None,
+    scale: jax.Array | float = 1.0,
+    gathered: Callable[[Any], tuple[Any, Any]] | None = None,
 ) -> tuple[jax.Array, Any]:
     """(sft_loss, its gradient w.r.t. lora) of a batch [B, T], optionally in micro-batches.
     `lora` is the trainable, the adapter or (with `to_params`) the weights (`lora.full`).
@@ -98,33 +105,47 @@ def sft_loss_and_grad(
     -sum(log p * m) to a float32-master accumulator, divided once by the batch's target count
     max(sum(m), 1): the gradient of the whole-batch mean, up to summation order, with one
     micro-batch's activations alive at a time.
+
+    Returns (loss, d (scale x loss) / d lora): `scale` (a data-parallel device's weight) enters
+    before differentiation, as FSDP sums the gradient over devices inside the backward pass.
+    `gathered` (FSDP, `mesh.gather_outside_layers` bound to the weights' specs): the weights
+    are split over ``data`` and gathered, each layer inside the layer scan.
     """
     B = tokens.shape[0]
 
-    def inputs(trainable):  # (weights, adapter) of the model
-        return model_weights(trainable, params, to_params), None if to_params else trainable
+    def inputs(trainable):  # (weights, adapter, layer gather) of the model
+        weights = model_weights(trainable, params, to_params)
+        weights, gather = (weights, None) if gathered is None else gathered(weights)
+        return weights, None if to_params else trainable, gather
 
     if not micro_batch_size or micro_batch_size == B:
 
         def loss(trainable):
-            weights, adapter = inputs(trainable)
-            return sft_loss(adapter, weights, model_config, tokens, mask, loss_mask, remat)
+            weights, adapter, gather = inputs(trainable)
+            val = sft_loss(adapter, weights, model_config, tokens, mask, loss_mask, remat, gather)
+            return scale * val, val
 
-        return jax.value_and_grad(loss)(lora)
+        grads, val = jax.grad(loss, has_aux=True)(lora)
+        return val, grads
     if micro_batch_size < 0 or B % micro_batch_size:
         raise ValueError(f"sft micro_batch_size={micro_batch_size} must divide the batch size {B}")
     n = B // micro_batch_size
     split = lambda x: x.reshape(n, micro_batch_size, *x.shape[1:])  # noqa: E731
 
+    denom = jnp.maximum(jnp.sum(loss_mask[:, 1:].astype(jnp.float32)), 1.0)
+
     def nll_sum(trainable, tok, m, lm):
-        weights, adapter = inputs(trainable)
-        lp = sequence_logprobs(weights, model_config, tok, m, lora=adapter, remat=remat)
-        return -jnp.sum(lp * lm[:, 1:].astype(jnp.float32))
+        weights, adapter, gather = inputs(trainable)
+        lp = sequence_logprobs(
+            weights, model_config, tok, m, lora=adapter, remat=remat, gather=gather
+        )
+        val = -jnp.sum(lp * lm[:, 1:].astype(jnp.float32))
+        return (scale / denom) * val, val
 
     def micro(acc, xs):
         loss_sum, grad_sum = acc
-        val, g = jax.value_and_grad(nll_sum)(lora, *xs)
-        return (loss_sum + val, jax.tree.map(jnp.add, grad_sum, g)), None
+        g, val = jax.grad(nll_sum, has_aux=True)(lora, *xs)
+        return (loss_sum + val, jax.tree.map(lambda a, b: a + b.astype(a.dtype), grad_sum, g)), None
 
     # float32 accumulators whatever the trainable's dtype (ZeRO differentiates the bf16 copy).
     zero = (
@@ -134,8 +155,7 @@ def sft_loss_and_grad(
     (loss_sum, grad_sum), _ = jax.lax.scan(
         micro, zero, (split(tokens), split(mask), split(loss_mask))
     )
-    denom = jnp.maximum(jnp.sum(loss_mask[:, 1:].astype(jnp.float32)), 1.0)
-    return loss_sum / denom, jax.tree.map(lambda g: g / denom.astype(g.dtype), grad_sum)
+    return loss_sum / denom, grad_sum
 
 
 @functools.partial(
@@ -173,15 +193,25 @@ def sft_step(
     w_d = max(N_d, 1) / max(N, 1), N_d / N the target tokens of device d / of the batch, so the
     result is the whole batch's mean NLL over its N tokens (to summation order).
 
-    Full-parameter on a data axis > 1 (ZeRO, as `rl.programs`): the masters and AdamW state come
-    split over ``data`` (`rl.placement.zero_placement`); the shard_map receives their bf16 copy
-    (`lora.full.compute_copy`: one all-gather), and the gradient is reduce-scattered back to the
-    shards (`mesh.data_psum_scatter`).
+    Full-parameter on a data axis > 1 (ZeRO-3 / FSDP, as `rl.programs`): the masters and AdamW
+    state come split over ``data`` (`rl.placement.zero_placement`), and the shard_map receives
+    their bf16 copy (`lora.full.compute_copy`) and the base split as well; the non-layer leaves
+    are gathered once, each layer inside the layer scan (`mesh.gather_outside_layers`), whose
+    transpose reduce-scatters the gradient back to the shards per layer and micro-batch.
     """
     zero = mesh is not None and to_params is not None and axis_size(mesh, DATA_AXIS) > 1
     specs = zero_specs(lora, mesh, model_config) if zero else None
+    gathered = None
+    if zero:
+        base_specs = zero_specs(params, mesh, model_config)
+        gathered = functools.partial(gather_outside_layers, specs=base_specs, mesh=mesh)
 
     def body(lora, params, tokens, mask, loss_mask):
+        # this device's weight in the batch mean (1 on one device)
+        w = 1.0
+        if mesh is not None:
+            count = jnp.sum(loss_mask[:, 1:].astype(jnp.float32))
+            w = jnp.maximum(count, 1.0) / jnp.maximum(data_psum(count, mesh), 1.0)
         loss, grads = sft_loss_and_grad(
             lora,
             params,
@@ -192,21 +222,22 @@ def sft_step(
             remat=remat,
             micro_batch_size=micro_batch_size,
             to_params=to_params,
+            scale=w,
+            gathered=gathered,
         )
         if mesh is None:
             return loss, grads
-        count = jnp.sum(loss_mask[:, 1:].astype(jnp.float32))
-        w = jnp.maximum(count, 1.0) / jnp.maximum(data_psum(count, mesh), 1.0)
-        grads = jax.tree.map(lambda g: w * g.astype(jnp.float32), grads)
-        if zero:
-            return data_psum(w * loss, mesh), data_psum_scatter(grads, specs, mesh)
+        grads = jax.tree.map(lambda g: g.astype(jnp.float32), grads)
+        if zero:  # split leaves summed by their gathers' transposes
+            return data_psum(w * loss, mesh), data_psum_unsplit(grads, specs, mesh)
         return data_psum((w * loss, grads), mesh)
 
     trainable = lora
     if mesh is not None:
         rows = P(DATA_AXIS)
         grad_specs = jax.tree.map(data_only, specs) if zero else P()
-        body = over_data(body, mesh, (P(), P(), rows, rows, rows), (P(), grad_specs))
+        param_in = jax.tree.map(data_only, base_specs) if zero else P()
+        body = over_data(body, mesh, (grad_specs, param_in, rows, rows, rows), (P(), grad_specs))
         if zero:
             trainable = compute_copy(lora, params)
     loss, grads = body(trainable, params, tokens, mask, loss_mask)

@@ -108,7 +108,8 @@ def test_grpo_step_by_hand():
 
 
 def test_full_parameter_grpo_step_by_hand():
-    """ZeRO over data: 3 gathers of the bf16 weights (rollout, one scoring pass, update) and one
+    """FSDP over data: the bf16 weights gathered by the rollout and one scoring pass (2e9 each),
+    the update's per-layer gathers (two micro-batches, forward and backward: 8e9) and one
     reduce-scatter of the float32 gradient, ring costs over the 8 replicas (2 nodes of 4: IB)."""
     upd = cm.UpdateProgram(
         micro_batch_rows=2,
@@ -116,12 +117,14 @@ def test_full_parameter_grpo_step_by_hand():
         remat=True,
         grad_bytes=0.0,
         score_passes=1,
-        weight_gather_bytes=2e9,
+        weight_gather_bytes=8e9,
         grad_scatter_bytes=4e9,
+        rollout_gather_bytes=2e9,
     )
     grpo = cm.GRPOSettings(prompts_per_step=4, group_size=2)
     g = cm.grpo_step_time(8, PROG, upd, MODEL, grpo, CHIP)
-    assert g["weight_allgather"] == pytest.approx(3 * (7 * 1e-5 + 7 / 8 * 2e9 / 1e10))
+    gathers = 2 * (7 * 1e-5 + 7 / 8 * 2e9 / 1e10) + (7 * 1e-5 + 7 / 8 * 8e9 / 1e10)
+    assert g["weight_allgather"] == pytest.approx(gathers)
     assert g["grad_reducescatter"] == pytest.approx(7 * 1e-5 + 7 / 8 * 4e9 / 1e10)
     assert g["grad_allreduce"] == 0.0
     parts = ("rollout", "row_gather", "score", "update", "grad_allreduce", "weight_allgather")

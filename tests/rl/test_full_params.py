@@ -25,10 +25,10 @@ def params():
     return jax.jit(init_params, static_argnums=1)(jax.random.key(0), CONFIG)
 
 
-def _trainer(cfg, mesh=None, optimizer=None):
+def _trainer(cfg, mesh=None, optimizer=None, config=CONFIG):
     """A full-parameter GRPOTrainer of the toy model (`lora.full`: every weight trained)."""
     return GRPOTrainer(
-        CONFIG,
+        config,
         cfg,
         to_lora=no_lora,
         to_params=merge_weights,
@@ -164,50 +164,54 @@ def test_float32_masters_keep_a_1e_6_step_that_bfloat16_rounds_away(params):
         select_weights(params, "embeddings")
 
 
+def update_memory(config, params, data, cfg, rows=16, t=7):
+    """`memory_analysis` of the compiled full-parameter update (every weight trained) of `config`
+    on a data axis of `data` devices: masters, AdamW state and base split as the trainer places
+    them, abstract arguments (`params` may be `jax.ShapeDtypeStruct`s), `rows` rows of `t`
+    tokens."""
+    from essa_jax.rl import RolloutBatch
+
+    trainable, frozen, _ = full_policy(params, "full")
+    mesh = make_mesh(pop=1, data=data, devices=jax.devices()[:data])
+    trainer = _trainer(cfg, mesh, config=config)
+    opt = jax.eval_shape(trainer.optimizer.init, trainable)
+    t_sh, o_sh = trainer.state_shardings(trainable, opt)
+
+    def abstract(tree, shardings):
+        return jax.tree.map(
+            lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings
+        )
+
+    base = jax.eval_shape(lambda p: p, params)
+    policy = FrozenPolicy(abstract(base, t_sh), frozen)  # the base placed as the masters
+    rows_sh = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data"))
+    shape = lambda s, dt: jax.ShapeDtypeStruct(s, dt, sharding=rows_sh)  # noqa: E731
+    new = cfg.max_new_tokens
+    batch = RolloutBatch(
+        tokens=shape((rows, t), jnp.int32),
+        attention_mask=shape((rows, t), jnp.int32),
+        completion_mask=shape((rows, new), jnp.float32),
+        advantages=shape((rows,), jnp.float32),
+        ref_logp=shape((rows, new), jnp.float32),
+    )
+    lowered = trainer.update_step.lower(
+        policy, abstract(trainable, t_sh), abstract(opt, o_sh), batch, num_rows=rows
+    )
+    return lowered.compile().memory_analysis()
+
+
 def test_weights_and_optimizer_state_per_device_fall_as_1_over_data(params):
     """ZeRO / FSDP over ``data``: the compiled update's per-device argument and output bytes
     (base, float32 masters, AdamW m and v, the batch's rows) fall as 1 / data
     (`memory_analysis`, XLA's buffer assignment)."""
-    from essa_jax.rl import RolloutBatch
-
     cfg = GRPOConfig(group_size=GROUP, max_new_tokens=4, beta=0.05)
-    trainable, frozen, _ = full_policy(params, "full")
-    rows, t = 16, 7
-
-    def compiled(data):
-        mesh = make_mesh(pop=1, data=data, devices=jax.devices()[:data])
-        trainer = _trainer(cfg, mesh)
-        opt = jax.eval_shape(trainer.optimizer.init, trainable)
-        t_sh, o_sh = trainer.state_shardings(trainable, opt)
-
-        def abstract(tree, shardings):
-            return jax.tree.map(
-                lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings
-            )
-
-        base = jax.eval_shape(lambda p: p, params)
-        policy = FrozenPolicy(abstract(base, t_sh), frozen)  # the base placed as the masters
-        rows_sh = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data"))
-        shape = lambda s, dt: jax.ShapeDtypeStruct(s, dt, sharding=rows_sh)  # noqa: E731
-        batch = RolloutBatch(
-            tokens=shape((rows, t), jnp.int32),
-            attention_mask=shape((rows, t), jnp.int32),
-            completion_mask=shape((rows, 4), jnp.float32),
-            advantages=shape((rows,), jnp.float32),
-            ref_logp=shape((rows, 4), jnp.float32),
-        )
-        lowered = trainer.update_step.lower(
-            policy, abstract(trainable, t_sh), abstract(opt, o_sh), batch, num_rows=rows
-        )
-        return lowered.compile().memory_analysis()
-
-    one = compiled(1)
+    one = update_memory(CONFIG, params, 1, cfg)
     # masters + m + v on the one device (the base is no argument: every leaf is trained and the
     # reference log-probs come with the batch, so XLA drops it).
     state = sum(x.size * 4 for x in jax.tree.leaves(params)) * 3
     assert one.argument_size_in_bytes >= state
     for n in (2, 4, 8):
-        m = compiled(n)
+        m = update_memory(CONFIG, params, n, cfg)
         # Only the scalars (AdamW's count) and nothing else stay whole: 1 / n to a few bytes.
         assert m.argument_size_in_bytes <= one.argument_size_in_bytes / n + 64, n
         assert m.output_size_in_bytes <= one.output_size_in_bytes / n + 1024, n
