@@ -290,6 +290,12 @@ def train_sft(
         lora, opt_state = zero_init(lora, optimizer, mesh, model_config)
     else:
         lora = master_weights(lora)
+        if to_params is not None:
+            # `full_policy`'s trainable is the base's own arrays, which `master_weights` keeps
+            # when they are float32 already; `sft_step` donates its trainable, so training them
+            # in place would delete the base (the KL reference, the frozen leaves, what every
+            # later program merges into): train a copy.
+            lora = jax.tree.map(jnp.copy, lora)
         opt_state = optimizer.init(lora)
     micro_batch_size = int(getattr(sft_config, "micro_batch_size", 0))
     batch_size = int(sft_config.batch_size)
