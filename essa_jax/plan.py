@@ -482,10 +482,18 @@ def compiler_options(target: Target) -> dict[str, str]:
     stands in for a GPU's, that hoisting is off, so each conversion stays a temporary of one layer
     (or of the head, per decode step): still an overestimate, by about that much. The program is
     compiled, never run, so only its buffers matter.
+
+    XLA's TPU compiler (libtpu of jax 0.10.2) fails a RET_CHECK in its
+    while-loop-all-reduce-code-motion pass (`user->opcode() == kAdd`) on the full-parameter update,
+    whose layer loop reduce-scatters each layer's gradient in float32 and rounds it to the weights'
+    dtype (`mesh.data_gather`'s backward): the pass is off for TPU targets, which only keeps those
+    reduce-scatters inside the loop, where the program writes them. A TPU run needs the same:
+    XLA_FLAGS=--xla_disable_hlo_passes=while-loop-all-reduce-code-motion (docs/ARCHITECTURE.md,
+    "Full-parameter training").
     """
     if target.compiler == "cpu":
         return {"xla_disable_hlo_passes": "while-loop-invariant-code-motion"}
-    return {}
+    return {"xla_disable_hlo_passes": "while-loop-all-reduce-code-motion"}
 
 
 def compiled_programs(
