@@ -230,6 +230,10 @@ def _update_program(upd: dict, grpo_cfg, grpo_counts: dict) -> tuple[Any, list[d
     full = grpo_cfg.train.params != "lora"
     return cm.UpdateProgram(
         micro_batch_rows=upd["chunks"]["grpo.micro_batch_size"],
+        # The micro-batches per device the compiled FSDP bytes were counted over.
+        compiled_micro_batches=-(
+            -upd["chunks"]["minibatch_rows_per_device"] // upd["chunks"]["grpo.micro_batch_size"]
+        ),
         sequence=upd["chunks"]["sequence"],
         remat=bool(grpo_cfg.model.remat),
         grad_bytes=0.0 if full else sum(c["payload_bytes"] * c["count"] for c in grad),

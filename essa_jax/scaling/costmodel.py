@@ -187,7 +187,10 @@ class UpdateProgram:
     weight_gather_bytes: the update's all-gathers, each layer's bf16 weights forward and again
     backward, per micro-batch (the HLO all-gather payloads times their trip counts);
     grad_scatter_bytes: the float32 gradient reduce-scattered over data per layer and
-    micro-batch (the HLO reduce-scatter payloads times their trip counts)."""
+    micro-batch (the HLO reduce-scatter payloads times their trip counts);
+    compiled_micro_batches: the micro-batches per device of the compiled program those two
+    byte counts come from (0: the same as at every GPU count modelled), so that on G GPUs they
+    scale with that count's micro-batches per device (each gathers and scatters every layer)."""
 
     micro_batch_rows: int
     sequence: int
@@ -198,35 +201,42 @@ class UpdateProgram:
     weight_gather_bytes: float = 0.0
     grad_scatter_bytes: float = 0.0
     rollout_gather_bytes: float = 0.0
+    compiled_micro_batches: int = 0
 
 
 # ---------------------------------------------------------------------------------------------
 # collectives (bandwidth-optimal ring algorithms; Patarasuk & Yuan 2009, NCCL's bus bandwidth)
 
 
-def _link(n_devices: int, chip: Chip) -> tuple[float, float]:
+def _link(n_devices: int, chip: Chip, span: int | None = None) -> tuple[float, float]:
     """(bandwidth, latency) of a collective over n devices: NVLink within a node, InfiniBand
-    (the slowest link of the ring) once it spans nodes."""
-    if n_devices <= chip.gpus_per_node:
+    (the slowest link of the ring) once it spans nodes. `span`: the GPUs the ring's members lie
+    across when that is more than n (a data-axis ring over n replicas of `model` devices each
+    spans n x model GPUs)."""
+    if (span or n_devices) <= chip.gpus_per_node:
         return chip.intra_node_bandwidth, chip.intra_node_latency
     return chip.inter_node_bandwidth, chip.inter_node_latency
 
 
-def allreduce_time(nbytes: float, n: int, chip: Chip, bandwidth: float | None = None) -> float:
-    """Ring all-reduce of `nbytes`: 2 (n - 1) steps, each device sends 2 (n - 1) / n x bytes."""
+def allreduce_time(
+    nbytes: float, n: int, chip: Chip, bandwidth: float | None = None, span: int | None = None
+) -> float:
+    """Ring all-reduce of `nbytes`: 2 (n - 1) steps, each device sends 2 (n - 1) / n x bytes
+    (`span`: as `_link`)."""
     if n <= 1 or nbytes <= 0:
         return 0.0
-    bw, lat = _link(n, chip)
+    bw, lat = _link(n, chip, span)
     bw = bandwidth or bw
     return 2 * (n - 1) * lat + 2 * (n - 1) / n * nbytes / bw
 
 
-def allgather_time(nbytes: float, n: int, chip: Chip) -> float:
+def allgather_time(nbytes: float, n: int, chip: Chip, span: int | None = None) -> float:
     """Ring all-gather of a value of `nbytes` in total: n - 1 steps, (n - 1) / n x bytes each.
-    A ring reduce-scatter of `nbytes` (the summed value) moves the same bytes in as many steps."""
+    A ring reduce-scatter of `nbytes` (the summed value) moves the same bytes in as many steps
+    (`span`: as `_link`)."""
     if n <= 1 or nbytes <= 0:
         return 0.0
-    bw, lat = _link(n, chip)
+    bw, lat = _link(n, chip, span)
     return (n - 1) * lat + (n - 1) / n * nbytes / bw
 
 
@@ -363,20 +373,27 @@ def grpo_step_time(
     gen = generation_time(rows, rollout, model, chip)
     upd_t = update_time(rows, upd, model, chip, g)
     processes = math.ceil(num_gpus / chip.gpus_per_node)
+    # The update's FSDP bytes were counted in a program of `compiled_micro_batches` micro-batches
+    # per device; here each device runs `micro` of them, each gathering and scattering every layer.
+    micro = math.ceil(rows / max(1, upd.micro_batch_rows))
+    per_micro = micro / upd.compiled_micro_batches if upd.compiled_micro_batches else 1.0
+    span = r * g  # a data-axis ring over r replicas spans r x g GPUs
     phases = {
         "rollout": gen["total"],
         "row_gather": allgather_time(grpo.gather_bytes_per_row * total_rows, processes, chip),
         "score": upd_t["score"],
         "update": upd_t["update"] + upd_t["tp_allreduce"],
-        "grad_allreduce": allreduce_time(upd.grad_bytes, r, chip),
+        "grad_allreduce": allreduce_time(upd.grad_bytes, r, chip, span=span),
         # FSDP (full-parameter): the bf16 weights gathered whole by the rollout and by each
         # scoring pass (a layer at a time), and per micro-batch, forward and backward, by the
         # update; the gradient reduce-scattered (a ring reduce-scatter = an all-gather's bytes;
         # latency counted once per program, the layers' and micro-batches' payloads summed).
         "weight_allgather": (1 + upd.score_passes)
-        * allgather_time(upd.rollout_gather_bytes, r, chip)
-        + allgather_time(upd.weight_gather_bytes, r, chip),
-        "grad_reducescatter": allgather_time(upd.grad_scatter_bytes, r, chip),
+        * allgather_time(upd.rollout_gather_bytes, r, chip, span=span)
+        + allgather_time(per_micro * upd.weight_gather_bytes, r, chip, span=span),
+        "grad_reducescatter": allgather_time(
+            per_micro * upd.grad_scatter_bytes, r, chip, span=span
+        ),
     }
     phases["total"] = sum(phases.values())
     phases["rows_per_replica"] = rows

@@ -131,6 +131,27 @@ def test_full_parameter_grpo_step_by_hand():
     assert g["total"] == pytest.approx(sum(g[k] for k in (*parts, "grad_reducescatter")))
 
 
+def test_fsdp_bytes_scale_with_micro_batches_and_rings_span_replicas_times_model():
+    """The update's FSDP bytes, counted in a compile of 4 micro-batches per device, fall with the
+    micro-batches each device runs; a data ring over r replicas of `model` g GPUs spans r x g
+    GPUs (here 2 replicas x 4 = 8 > the node's 4: InfiniBand, not NVLink)."""
+    upd = cm.UpdateProgram(
+        micro_batch_rows=2, sequence=13, remat=True, grad_bytes=0.0,
+        weight_gather_bytes=8e9, grad_scatter_bytes=4e9, compiled_micro_batches=4,
+    )  # fmt: skip
+    grpo = cm.GRPOSettings(prompts_per_step=4, group_size=2)  # 8 rows
+    tp = dataclasses.replace(PROG, model_devices=4)
+    g = cm.grpo_step_time(8, tp, upd, MODEL, grpo, CHIP)  # r = 2 replicas of 4 rows: 2 micro
+    ib = cm._link(8, CHIP)
+    assert ib == (CHIP.inter_node_bandwidth, CHIP.inter_node_latency)
+    assert g["weight_allgather"] == pytest.approx(ib[1] + 1 / 2 * (2 / 4 * 8e9) / ib[0])
+    assert g["grad_reducescatter"] == pytest.approx(ib[1] + 1 / 2 * (2 / 4 * 4e9) / ib[0])
+    one_node = cm.grpo_step_time(4, dataclasses.replace(PROG, model_devices=2), upd, MODEL, grpo,
+                                 CHIP)  # fmt: skip
+    nv = (CHIP.intra_node_bandwidth, CHIP.intra_node_latency)
+    assert one_node["grad_reducescatter"] == pytest.approx(nv[1] + 1 / 2 * (2 / 4 * 4e9) / nv[0])
+
+
 def test_shape_counts_match_the_plan_and_the_published_sizes():
     mc = model_shape("Qwen2.5-32B")
     m = cm.ModelCounts.from_config(mc, "Qwen2.5-32B")
