@@ -383,6 +383,45 @@ def run_pinned(
     return proc.returncode, usage.ru_maxrss
 
 
+# What a finished run's record is made of (all `collect` and `--dry_run` read): small text files,
+# committed under ARCHIVE so that a session that ends (and takes its workdirs with it) loses no
+# finished run. Checkpoints, logs and evaluation samples stay in the workdir.
+RECORD_FILES = (
+    "summary.json",
+    "metrics.jsonl",
+    RUN_RECORD,
+    "compare_overrides.json",
+    "run_wall_seconds.json",
+)
+ARCHIVE = "experiments/results/compare_methods_runs"
+
+
+def sync_records(src: str, dst: str) -> list[str]:
+    """Copy the RECORD_FILES of every finished run (a directory with summary.json) under `src` to
+    the same relative directory under `dst` where `dst` does not have that finished run yet (a run
+    finished in both is left alone: each run is finished once). Returns the relative directories
+    copied. Used both ways: OUT -> archive after each run, archive -> OUT before planning."""
+    import shutil
+
+    copied = []
+    if not os.path.isdir(src):
+        return copied
+    for dirpath, _, files in os.walk(src):
+        if "summary.json" not in files:
+            continue
+        rel = os.path.relpath(dirpath, src)
+        target = os.path.join(dst, rel)
+        if os.path.exists(os.path.join(target, "summary.json")):
+            continue
+        os.makedirs(target, exist_ok=True)
+        # summary.json last: a copy cut short leaves an unfinished run, never a partial record.
+        for name in [f for f in RECORD_FILES if f != "summary.json"] + ["summary.json"]:
+            if name in files:
+                shutil.copy2(os.path.join(dirpath, name), os.path.join(target, name))
+        copied.append(rel)
+    return sorted(copied)
+
+
 def write_json(path: str, payload: Any) -> None:
     from essa_jax.workdir import write_text_atomic
 
@@ -795,6 +834,12 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--probe_results", default=env("PROBE_RESULTS", PROBE_RESULTS))
     p.add_argument("--python", default=env("PY", sys.executable))
     p.add_argument("--set", action="append", default=[], help="extra override a.b=value, all runs")
+    p.add_argument(
+        "--archive",
+        default=env("ARCHIVE", ""),
+        help="finished runs' records, both ways: restored into OUT before planning, each run's "
+        f"copied here when it finishes (compare_methods.sh: {ARCHIVE}; '' = off)",
+    )
     p.add_argument("--allow_commit_mix", action="store_true")
     p.add_argument("--report_only", action="store_true")
     p.add_argument("--dry_run", action="store_true", help="print the plan and estimate only")
@@ -887,12 +932,16 @@ def main(argv: Sequence[str] | None = None, make_runner: Callable[[int], Runner]
             recs, tasks=tasks, methods=plan.methods, sweep=sweep, hard=hard, settings=settings
         )
         write_json(args.out_json, payload)
+        if args.archive and (new := sync_records(args.out, args.archive)):
+            print(f"archived {len(new)} finished runs -> {args.archive}: commit them", flush=True)
         if payload["runs"]:
             plot(payload, os.path.splitext(args.out_json)[0] + ".png")
         print_table(payload)
         print(f"{len(payload['runs'])} finished runs -> {args.out_json}", flush=True)
         return payload
 
+    if args.archive and (back := sync_records(args.archive, args.out)):
+        print(f"restored {len(back)} finished runs from {args.archive} into {args.out}", flush=True)
     if args.dry_run:
         return dry_run(plan, tasks, hard, args)
     if not args.report_only:
@@ -929,18 +978,20 @@ def dry_run(plan: Plan, tasks: Sequence[str], hard: Mapping[str, Any], args) -> 
             f"taskset -c {core} "
             + " ".join(command(args.python, e["overrides"], e["workdir"], e["config"]))
         )
+    todo = [e for e in entries if not os.path.exists(os.path.join(e["workdir"], "summary.json"))]
     est = estimate_seconds(
-        len(entries),
+        len(todo),
         wall=args.wall,
         eval_seconds=args.eval_seconds,
         pass_rows=args.samples * args.problems,
         jobs=args.jobs,
     )
     print(
-        f"{len(entries)} runs ({len(sweep)} sweep, {len(seeded)} seeded), {args.jobs} at a time, "
+        f"{len(entries)} runs ({len(sweep)} sweep, {len(seeded)} seeded), {len(todo)} to run, "
+        f"{args.jobs} at a time, "
         f"one core each: ~{est['per_run_s'] / 60:.0f} min per run (fixed {COST['fixed_s']:.0f} s + "
         f"{args.wall:.0f} s loop + evaluations + pass@{args.samples} on {args.problems} problems), "
-        f"~{est['total_s'] / 3600:.1f} h in all"
+        f"~{est['total_s'] / 3600:.1f} h for those to run"
     )
     return 0
 

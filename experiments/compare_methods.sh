@@ -5,7 +5,12 @@
 # estimate are in experiments/compare_methods.py's docstring.
 #
 # Resumable: a finished run (summary.json) is not re-run, an interrupted one resumes from its last
-# checkpoint; runs started at another commit are refused (--allow_commit_mix). Each run is pinned
+# checkpoint; runs started at another commit are refused (--allow_commit_mix). Each finished run's
+# record (summary.json, metrics.jsonl, run_record.json: small text) is copied to ARCHIVE
+# (experiments/results/compare_methods_runs) and restored from it into OUT before planning: commit
+# ARCHIVE as runs finish, and a later session resumes from a worktree at the runs' commit
+# (`git worktree add W <commit>`, then copy experiments/results/compare_methods_runs into W's)
+# without re-running them; an interrupted run's checkpoints die with its session. Each run is pinned
 # to one core; on the 2-core machine run two at a time in the background:
 #
 #   experiments/compare_methods.sh --dry_run                       # every run, command, estimate
@@ -14,8 +19,10 @@
 #
 # Variables: TASKS ("add_2d hard"), METHODS, SEEDS ("0 1 2"), WALL (900), EVAL_SECONDS (150),
 # PASS_SAMPLES (64), PASS_PROBLEMS (20), FULL_LRS, LORA_LRS, JOBS (1), FIRST_CORE (0),
-# OUT (runs/compare_methods), OUT_JSON (experiments/results/compare_methods.json), PROBE_RESULTS, PY.
+# OUT (runs/compare_methods), ARCHIVE, OUT_JSON (experiments/results/compare_methods.json),
+# PROBE_RESULTS, PY.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PY=${PY:-.venv/bin/python}
+export ARCHIVE=${ARCHIVE-experiments/results/compare_methods_runs}
 exec "$PY" experiments/compare_methods.py "$@"

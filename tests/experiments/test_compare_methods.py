@@ -216,7 +216,8 @@ def test_the_plan_its_overrides_and_its_commands(tmp_path, capsys):
     out = capsys.readouterr().out
     # Before the sweep, the seeded runs are shown at its middle lrs, whose seed-0 add_2d runs are
     # sweep runs: 6 + 20 - 2 runs, alternating between the two cores.
-    assert "hard task: sub_2d" in out and "24 runs (6 sweep, 18 seeded), 2 at a time" in out
+    assert "hard task: sub_2d" in out
+    assert "24 runs (6 sweep, 18 seeded), 24 to run, 2 at a time" in out
     assert out.count("taskset -c 0 ") == 12 and out.count("taskset -c 1 ") == 12
 
 
@@ -270,3 +271,35 @@ def test_runs_from_another_commit_are_refused(tmp_path, capsys):
 
     with pytest.raises(SystemExit, match="0123abc"):
         cm.main(["--methods=essa", *_argv(tmp_path)], make_runner=runner)
+
+
+def test_finished_runs_are_archived_and_restored(tmp_path, capsys):
+    """A finished run's record goes to the archive when it finishes and comes back into a fresh
+    OUT (a new session's worktree) as finished: --dry_run marks it and the plan does not re-run
+    it; an unfinished run (no summary.json) is neither archived nor restored."""
+    out, archive = tmp_path / "runs", tmp_path / "archive"
+    done = out / "add_2d" / "essa" / "seed0"
+    done.mkdir(parents=True)
+    for name in cm.RECORD_FILES:
+        (done / name).write_text(name)
+    (done / "checkpoints").mkdir()  # not a record: stays behind
+    part = out / "add_2d" / "svdgrpo" / "seed0"
+    part.mkdir(parents=True)
+    (part / "metrics.jsonl").write_text("{}")
+    assert cm.sync_records(str(out), str(archive)) == ["add_2d/essa/seed0"]
+    kept = archive / "add_2d" / "essa" / "seed0"
+    assert sorted(os.listdir(kept)) == sorted(cm.RECORD_FILES)
+    assert (kept / "summary.json").read_text() == "summary.json"
+    assert not (archive / "add_2d" / "svdgrpo").exists()
+    assert cm.sync_records(str(out), str(archive)) == []  # finished once: not copied again
+
+    fresh = tmp_path / "fresh"
+    argv = [a for a in _argv(tmp_path) if not a.startswith("--out=")]
+    argv += [f"--out={fresh}", f"--archive={archive}", "--tasks=add_2d", "--seeds=0"]
+    argv += ["--methods=essa"]
+    assert cm.main(["--dry_run", *argv]) == 0
+    printed = capsys.readouterr().out
+    assert "restored 1 finished runs" in printed
+    assert (fresh / "add_2d" / "essa" / "seed0" / "summary.json").exists()
+    assert "# add_2d essa seed 0 (finished) [core 0]" in printed
+    assert "1 runs (0 sweep, 1 seeded), 0 to run" in printed
