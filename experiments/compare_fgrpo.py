@@ -345,6 +345,31 @@ def ensure_run(
     return True
 
 
+def sync_records(src: str, dst: str, files: Sequence[str], done: str = "summary.json") -> list[str]:
+    """Copy `files` of every finished run (a directory holding `done`) under `src` to the same
+    relative directory under `dst`, where `dst` does not hold that finished run yet (a run
+    finishes once: one finished in both is left alone). Returns the relative directories copied,
+    sorted. An experiment uses it both ways: its OUT -> an archive committed with the results as
+    runs finish, the archive -> a new session's OUT before planning, so a session's end loses only
+    the runs in flight. `done` is copied last: a copy cut short leaves an unfinished run, never a
+    partial record."""
+    import shutil
+
+    copied = []
+    for dirpath, _, present in os.walk(src):
+        if done not in present:
+            continue
+        rel = os.path.relpath(dirpath, src)
+        target = os.path.join(dst, rel)
+        if os.path.exists(os.path.join(target, done)):
+            continue
+        os.makedirs(target, exist_ok=True)
+        for name in [f for f in files if f != done and f in present] + [done]:
+            shutil.copy2(os.path.join(dirpath, name), os.path.join(target, name))
+        copied.append(rel)
+    return sorted(copied)
+
+
 def _load(path: str) -> dict[str, Any]:
     with open(path) as f:
         return json.load(f)

@@ -24,6 +24,12 @@ stopped and started again):
    level strict and loose accuracy, mean and per seed; per instruction type; loop wall-clock,
    generations / steps done) and a table on stdout.
 
+Resuming across sessions: each run's record (summary.json, metrics.jsonl, lm_eval.json, ...; not
+its checkpoints) is copied to ARCHIVE (compare_instructions.sh: experiments/results/
+compare_instructions_runs) once it is evaluated, and restored into OUT before planning: commit
+ARCHIVE, and a later session's worktree at the same commit, with ARCHIVE copied in, goes on
+without re-running them.
+
 Time (2-core CPU, float32; not yet measured end to end): the probe decoded 64 new tokens at ~0.5
 rows/s with the machine shared (load ~10; experiments/results/instructions_probe.json), so an ESSA
 generation (16 candidates x 8 greedy prompts, stopping at EOS) takes 1-4 min, a GRPO step (32
@@ -53,7 +59,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # run as a script: import essa_jax and the experiments from this checkout
 sys.path.insert(0, os.path.join(ROOT, "experiments"))
 
-from compare_fgrpo import command, ensure_run, subprocess_runner  # noqa: E402
+from compare_fgrpo import command, ensure_run, subprocess_runner, sync_records  # noqa: E402
 
 ESSA_CONFIG = "experiments/configs/essa_smollm2_instructions.py"
 GRPO_CONFIG = "experiments/configs/grpo_smollm2_instructions.py"
@@ -65,6 +71,17 @@ METRICS = (
     "inst_level_loose_acc",
 )
 UNBOUNDED = 1_000_000  # generations / steps: the wall-clock ends the loop
+# A finished and evaluated run's record (all `report` reads; small text), committed under ARCHIVE
+# so that a session's end loses only the run in flight: restored into OUT before planning.
+RECORD_FILES = (
+    "summary.json",
+    "metrics.jsonl",
+    "lm_eval.json",
+    "base_lm_eval.json",
+    "compare_overrides.json",
+    "run_wall_seconds.json",
+)
+ARCHIVE = "experiments/results/compare_instructions_runs"
 
 
 def plan_runs(seeds: list[int], wall: float) -> list[tuple[str, str, dict[str, Any], str]]:
@@ -210,7 +227,10 @@ def main(argv: list[str] | None = None) -> int:
     wall = float(os.environ.get("WALL", "1800"))
     out = os.environ.get("OUT", "runs/compare_instructions")
     results = os.environ.get("RESULTS", RESULTS)
+    archive = os.environ.get("ARCHIVE", "")  # compare_instructions.sh: ARCHIVE
     runs = plan_runs(seeds, wall)
+    if archive and (back := sync_records(archive, out, RECORD_FILES, done="lm_eval.json")):
+        print(f"restored {len(back)} finished runs from {archive} into {out}", flush=True)
     if args.dry_run:
         for label, cfg, ov, name in runs:
             wd = os.path.join(out, name)
@@ -230,6 +250,9 @@ def main(argv: list[str] | None = None) -> int:
             ensure_eval(args.python, wd, heldout, os.path.join(wd, "lm_eval.json"))
             if name == "sft":
                 ensure_eval(args.python, wd, heldout, os.path.join(wd, "base_lm_eval.json"), True)
+            # Evaluated (the base too, for the SFT run): its record can outlive this session.
+            if archive and sync_records(out, archive, RECORD_FILES, done="lm_eval.json"):
+                print(f"archived {name} -> {archive}: commit it", flush=True)
     result = report(out, seeds)
     os.makedirs(os.path.dirname(results) or ".", exist_ok=True)
     with open(results + ".tmp", "w") as f:

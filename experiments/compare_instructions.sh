@@ -15,10 +15,13 @@
 #   experiments/compare_instructions.sh --report_only   # experiments/results/compare_instructions.json
 #
 # Variables: SEEDS ("0 1"), WALL (1800 s of loop wall-clock per ESSA / GRPO run), OUT
-# (runs/compare_instructions), RESULTS, PY. Needs the lmeval extra: pip install -e '.[lmeval]'.
+# (runs/compare_instructions), ARCHIVE (experiments/results/compare_instructions_runs; '' = off),
+# RESULTS, PY. Needs the lmeval extra: pip install -e '.[lmeval]'.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PY=${PY:-.venv/bin/python}
+# Each evaluated run's record is copied here (commit it) and restored from it before planning.
+export ARCHIVE=${ARCHIVE-experiments/results/compare_instructions_runs}
 # Runs of one task share shapes: XLA's persistent cache saves most of each run's compile time.
 export JAX_COMPILATION_CACHE_DIR=${JAX_COMPILATION_CACHE_DIR:-runs/compare_instructions/jax_cache}
 export JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=${JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS:-1}

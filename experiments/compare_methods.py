@@ -81,6 +81,7 @@ from compare_fgrpo import (  # noqa: E402
     command,
     ensure_run,
     method_estimate,
+    sync_records,
 )
 
 from essa_jax.evaluation import bootstrap_ci, mcnemar_exact  # noqa: E402
@@ -394,32 +395,6 @@ RECORD_FILES = (
     "run_wall_seconds.json",
 )
 ARCHIVE = "experiments/results/compare_methods_runs"
-
-
-def sync_records(src: str, dst: str) -> list[str]:
-    """Copy the RECORD_FILES of every finished run (a directory with summary.json) under `src` to
-    the same relative directory under `dst` where `dst` does not have that finished run yet (a run
-    finished in both is left alone: each run is finished once). Returns the relative directories
-    copied. Used both ways: OUT -> archive after each run, archive -> OUT before planning."""
-    import shutil
-
-    copied = []
-    if not os.path.isdir(src):
-        return copied
-    for dirpath, _, files in os.walk(src):
-        if "summary.json" not in files:
-            continue
-        rel = os.path.relpath(dirpath, src)
-        target = os.path.join(dst, rel)
-        if os.path.exists(os.path.join(target, "summary.json")):
-            continue
-        os.makedirs(target, exist_ok=True)
-        # summary.json last: a copy cut short leaves an unfinished run, never a partial record.
-        for name in [f for f in RECORD_FILES if f != "summary.json"] + ["summary.json"]:
-            if name in files:
-                shutil.copy2(os.path.join(dirpath, name), os.path.join(target, name))
-        copied.append(rel)
-    return sorted(copied)
 
 
 def write_json(path: str, payload: Any) -> None:
@@ -932,7 +907,7 @@ def main(argv: Sequence[str] | None = None, make_runner: Callable[[int], Runner]
             recs, tasks=tasks, methods=plan.methods, sweep=sweep, hard=hard, settings=settings
         )
         write_json(args.out_json, payload)
-        if args.archive and (new := sync_records(args.out, args.archive)):
+        if args.archive and (new := sync_records(args.out, args.archive, RECORD_FILES)):
             print(f"archived {len(new)} finished runs -> {args.archive}: commit them", flush=True)
         if payload["runs"]:
             plot(payload, os.path.splitext(args.out_json)[0] + ".png")
@@ -940,7 +915,7 @@ def main(argv: Sequence[str] | None = None, make_runner: Callable[[int], Runner]
         print(f"{len(payload['runs'])} finished runs -> {args.out_json}", flush=True)
         return payload
 
-    if args.archive and (back := sync_records(args.archive, args.out)):
+    if args.archive and (back := sync_records(args.archive, args.out, RECORD_FILES)):
         print(f"restored {len(back)} finished runs from {args.archive} into {args.out}", flush=True)
     if args.dry_run:
         return dry_run(plan, tasks, hard, args)

@@ -98,3 +98,28 @@ def test_dry_run_prints_every_command(ci, capsys, monkeypatch):
     out = capsys.readouterr().out
     assert out.count("-m essa_jax.main") == 3 and out.count("-m essa_jax.evaluate_lm") == 4
     assert "--no_adapter" in out and "--config.max_wall_seconds=1800.0" in out
+
+
+def test_evaluated_runs_are_restored_from_the_archive(ci, tmp_path, monkeypatch, capsys):
+    """A new session's OUT gets the archive's evaluated runs back (their record, not their
+    checkpoints) and reports them; a run trained but not evaluated (no lm_eval.json) is not
+    archived, so a later session re-runs it rather than finding no adapter to evaluate."""
+    old, archive = tmp_path / "old", tmp_path / "archive"
+    _fake_eval(old / "essa_s0" / "lm_eval.json", 0.3, {"a": 0.4})
+    (old / "essa_s0" / "summary.json").write_text(json.dumps({"steps": 3}))
+    (old / "grpo_s0").mkdir()
+    (old / "grpo_s0" / "summary.json").write_text(json.dumps({"steps": 5}))
+    copied = ci.sync_records(str(old), str(archive), ci.RECORD_FILES, done="lm_eval.json")
+    assert copied == ["essa_s0"] and not (archive / "grpo_s0").exists()
+
+    fresh = tmp_path / "fresh"
+    monkeypatch.setenv("SEEDS", "0")
+    monkeypatch.setenv("OUT", str(fresh))
+    monkeypatch.setenv("ARCHIVE", str(archive))
+    monkeypatch.setenv("RESULTS", str(tmp_path / "out.json"))
+    assert ci.main(["--report_only"]) == 0
+    assert "restored 1 finished runs" in capsys.readouterr().out
+    assert (fresh / "essa_s0" / "summary.json").exists()
+    res = json.loads((tmp_path / "out.json").read_text())
+    assert res["methods"]["essa"]["runs"][0]["summary"] == {"steps": 3}
+    assert "grpo" not in res["methods"]

@@ -286,12 +286,13 @@ def test_finished_runs_are_archived_and_restored(tmp_path, capsys):
     part = out / "add_2d" / "svdgrpo" / "seed0"
     part.mkdir(parents=True)
     (part / "metrics.jsonl").write_text("{}")
-    assert cm.sync_records(str(out), str(archive)) == ["add_2d/essa/seed0"]
+    assert cm.sync_records(str(out), str(archive), cm.RECORD_FILES) == ["add_2d/essa/seed0"]
     kept = archive / "add_2d" / "essa" / "seed0"
     assert sorted(os.listdir(kept)) == sorted(cm.RECORD_FILES)
     assert (kept / "summary.json").read_text() == "summary.json"
     assert not (archive / "add_2d" / "svdgrpo").exists()
-    assert cm.sync_records(str(out), str(archive)) == []  # finished once: not copied again
+    # A run finishes once: not copied again.
+    assert cm.sync_records(str(out), str(archive), cm.RECORD_FILES) == []
 
     fresh = tmp_path / "fresh"
     argv = [a for a in _argv(tmp_path) if not a.startswith("--out=")]
