@@ -180,6 +180,7 @@ def _counts_child(spec: dict) -> None:
                 "model_flops": float(prog.model_flops),
                 "collectives": [
                     {"kind": c.kind, "dtype": c.dtype, "group_size": c.group_size,
+                     "axes": list(comm.mesh_axes(c.first_group, prog.mesh)),
                      "payload_bytes": c.payload_bytes, "count": c.count,
                      "trip_count_known": c.trip_count_known}
                     for c in colls
@@ -202,20 +203,39 @@ def _program_counts(config: Path, overrides: dict, programs: list[str]) -> dict:
     return json.loads(lines[0][len("RESULT ") :])
 
 
-def _hlo_allreduce(counts: dict, group: int, in_loop: bool) -> list[dict]:
+def _over(c: dict, axis: str) -> bool:
+    """A collective over the mesh axis `axis` alone (`comm.mesh_axes`): ``data``'s gradient and
+    FSDP collectives are told from ``model``'s tensor-parallel ones by their devices, not by
+    their group size, which is the same when both axes are (the 32B plan: data 4 x model 4)."""
+    if "axes" not in c:
+        raise SystemExit(
+            "scaling.json's program counts predate the collectives' mesh axes: run "
+            "`python -m benchmarks.scaling --cost-model-only` without --reuse-counts"
+        )
+    return c["axes"] == [axis]
+
+
+def _hlo_allreduce(counts: dict, axis: str, in_loop: bool) -> list[dict]:
     return [
         c for c in counts["collectives"]
-        if c["kind"] == "all-reduce" and c["group_size"] == group and (c["count"] > 1) == in_loop
+        if c["kind"] == "all-reduce" and _over(c, axis) and (c["count"] > 1) == in_loop
     ]  # fmt: skip
 
 
-def _hlo_bytes(counts: dict, kind: str, group: int) -> float:
-    """Summed payload x trip count of the `kind` collectives over `group` devices of a program."""
+def _hlo_bytes(counts: dict, kind: str, dtype_bytes: float | None = None) -> float:
+    """Summed payload x trip count of the `kind` collectives over ``data`` of a program.
+    `dtype_bytes`: count float32 payloads at that many bytes per element instead: XLA's CPU
+    compiler, standing in for a GPU's, converts bf16 operands of collectives to float32 first
+    (tests/distributed/test_comm.py), where a GPU moves the bf16 weights."""
+
+    def scale(c: dict) -> float:
+        return dtype_bytes / 4 if dtype_bytes is not None and c["dtype"] == "f32" else 1.0
+
     return float(
         sum(
-            c["payload_bytes"] * c["count"]
+            c["payload_bytes"] * c["count"] * scale(c)
             for c in counts["collectives"]
-            if c["kind"] == kind and c["group_size"] == group
+            if c["kind"] == kind and _over(c, "data")
         )
     )
 
@@ -223,10 +243,12 @@ def _hlo_bytes(counts: dict, kind: str, group: int) -> float:
 def _update_program(upd: dict, grpo_cfg, grpo_counts: dict) -> tuple[Any, list[dict]]:
     """The cost model's `UpdateProgram` of a compiled GRPO update: its gradient all-reduce
     (adapters) or its ZeRO weight all-gather and gradient reduce-scatter (full-parameter)."""
+    import jax.numpy as jnp
+
     from essa_jax.scaling import costmodel as cm
 
-    data = upd["mesh"]["data"]
-    grad = _hlo_allreduce(upd, data, in_loop=False)
+    grad = _hlo_allreduce(upd, "data", in_loop=False)
+    weight = jnp.dtype(grpo_cfg.model.dtype).itemsize  # what a GPU gathers: the bf16 weights
     full = grpo_cfg.train.params != "lora"
     return cm.UpdateProgram(
         micro_batch_rows=upd["chunks"]["grpo.micro_batch_size"],
@@ -239,10 +261,11 @@ def _update_program(upd: dict, grpo_cfg, grpo_counts: dict) -> tuple[Any, list[d
         grad_bytes=0.0 if full else sum(c["payload_bytes"] * c["count"] for c in grad),
         score_passes=0 if "grpo_score" not in grpo_counts else 1,
         xla_flops=upd["xla_flops"],
-        weight_gather_bytes=_hlo_bytes(upd, "all-gather", data) if full else 0.0,
-        grad_scatter_bytes=_hlo_bytes(upd, "reduce-scatter", data) if full else 0.0,
+        weight_gather_bytes=_hlo_bytes(upd, "all-gather", weight) if full else 0.0,
+        # float32 by design (mesh.data_gather's transpose sums in float32), on a GPU too.
+        grad_scatter_bytes=_hlo_bytes(upd, "reduce-scatter") if full else 0.0,
         rollout_gather_bytes=(
-            _hlo_bytes(grpo_counts["grpo_rollout"], "all-gather", data) if full else 0.0
+            _hlo_bytes(grpo_counts["grpo_rollout"], "all-gather", weight) if full else 0.0
         ),
     ), grad
 
@@ -358,7 +381,7 @@ def _cost_model_tables(
         "grpo_full_update_program": dataclasses.asdict(full_update),
         "grpo_settings": dataclasses.asdict(grpo),
         "essa_rollout_16": essa_16,
-        "hlo_essa_tp_allreduce_in_loops": _hlo_allreduce(pop, g, in_loop=True),
+        "hlo_essa_tp_allreduce_in_loops": _hlo_allreduce(pop, "model", in_loop=True),
         "hlo_grpo_grad_allreduce": grad,
         "model_flops_vs_xla_flops": {
             "essa_population": [pop["model_flops"] / g, pop["xla_flops"]],
@@ -401,7 +424,11 @@ def main() -> None:
             if "host_gathered" in old
             else [r for r in old["communication"] if r["what"].startswith("ESSA gen, tiny")],
         )
-        host_date = old.get("host_measured", old["machine"]["date"])
+        # The date the kept measurements were taken: the run that measured them wrote its own
+        # date ("this run" in files written before this field held a date).
+        host_date = old.get("host_measured", "this run")
+        if host_date == "this run":
+            host_date = old["machine"]["date"]
     else:
         host_rows, scaling_rows, grad, gathered = _host_runs(args.repeats)
         host_date = None

@@ -127,9 +127,10 @@ def base_config() -> ml_collections.ConfigDict:
     c.train.params = "lora"
     # What SFT trains when train.params is not "lora": "same" = those weights (full-parameter
     # SFT, at sft.learning_rate: its default 1e-3 suits an adapter; AdamW on every weight wants
-    # ~1e-5, so set it with this choice); "lora" = a LoRA adapter (lora.*, sft.*) as the adapter methods train it, then folded
-    # into the weights (lora.full.merged_masters) that the full-parameter loop starts from, so every
-    # method of a comparison starts from the same SFT model (same config.seed, same adapter).
+    # ~1e-5, so set it with this choice); "lora" = a LoRA adapter (lora.*, sft.*) as the adapter
+    # methods train it, then folded into the weights (lora.full.merged_masters) that the
+    # full-parameter loop starts from, so every method of a comparison starts from the same SFT
+    # model (same config.seed, same adapter).
     c.train.sft_params = "same"
 
     c.sft = ml_collections.ConfigDict()

@@ -72,7 +72,9 @@ _INSTR = re.compile(
 )
 _ARRAY = re.compile(r"(?P<dtype>[a-z]+\d*(?:e\d+m\d+(?:fn)?)?)\[(?P<dims>[\d,]*)\]")
 _GROUPS_LIST = re.compile(r"replica_groups=\{(?P<body>(?:\{[\d,\s]*\},?\s*)*)\}")
-_GROUPS_IOTA = re.compile(r"replica_groups=\[(?P<g>\d+),(?P<s>\d+)\]<=")
+_GROUPS_IOTA = re.compile(
+    r"replica_groups=\[(?P<g>\d+),(?P<s>\d+)\]<=\[(?P<dims>[\d,]+)\](?:T\((?P<perm>[\d,]+)\))?"
+)
 _PAIRS = re.compile(r"source_target_pairs=\{(?P<body>(?:\{\d+,\d+\},?\s*)*)\}")
 
 
@@ -93,6 +95,11 @@ class Collective:
     computation: str = ""  # HLO computation holding the op
     count: int = 1  # executions per program run (product of enclosing loops' trip counts)
     trip_count_known: bool = True
+    # Device ids of the first replica group (positions in the program's device assignment, i.e.
+    # in its mesh's flattened device array); () when the op names none (= every device). Which
+    # mesh axes the op spans (`mesh_axes`) follows from it: group sizes alone confuse two axes
+    # of one size (data 4 x model 4).
+    first_group: tuple[int, ...] = ()
 
 
 def _array_bytes(dtype: str, dims: Sequence[int]) -> float:
@@ -123,6 +130,44 @@ def _group_size(line: str, num_devices: int | None) -> int:
             "collective has no explicit replica_groups (= all devices): pass num_devices"
         )
     return num_devices
+
+
+def _first_group(line: str) -> tuple[int, ...]:
+    """The device ids of an op's first replica group: the explicit list's first ``{...}``, or the
+    iota form's ``[G,S]<=[dims]T(perm)`` (ids 0..prod(dims)-1 laid out as dims, transposed by
+    perm, read as G groups of S)."""
+    m = _GROUPS_IOTA.search(line)
+    if m:
+        import numpy as np
+
+        ids = np.arange(math.prod(int(d) for d in m.group("dims").split(",")))
+        ids = ids.reshape([int(d) for d in m.group("dims").split(",")])
+        if m.group("perm"):
+            ids = ids.transpose([int(p) for p in m.group("perm").split(",")])
+        return tuple(int(i) for i in ids.reshape(int(m.group("g")), int(m.group("s")))[0])
+    m = _GROUPS_LIST.search(line)
+    if m and (first := re.search(r"\{([\d,\s]*)\}", m.group("body"))) is not None:
+        return tuple(int(t) for t in first.group(1).split(",") if t.strip())
+    return ()
+
+
+def mesh_axes(group: Sequence[int], axis_sizes: dict[str, int]) -> tuple[str, ...]:
+    """The mesh axes a replica group spans: those whose coordinate varies over its devices, the
+    ids read as row-major positions in a mesh of `axis_sizes` (name -> size, in the mesh's axis
+    order; what `jax.make_mesh` lays out and the HLO's global device ids index). An empty group
+    (no replica_groups: every device) spans every axis of size > 1."""
+    import numpy as np
+
+    names, sizes = list(axis_sizes), [int(v) for v in axis_sizes.values()]
+    if not group:
+        return tuple(n for n, k in zip(names, sizes, strict=True) if k > 1)
+    if max(group) >= math.prod(sizes):
+        raise ValueError(
+            f"replica group {tuple(group)} has a device id beyond the mesh {axis_sizes} "
+            f"({math.prod(sizes)} devices): not this program's mesh"
+        )
+    coords = np.stack(np.unravel_index(np.asarray(group), sizes))
+    return tuple(n for n, c in zip(names, coords, strict=True) if len(set(c.tolist())) > 1)
 
 
 def ring_wire_bytes(kind: str, full_bytes: float, n: int) -> float:
@@ -257,6 +302,7 @@ def parse_collectives(hlo_text: str, num_devices: int | None = None) -> list[Col
                 computation=comp,
                 count=max(count, 1),
                 trip_count_known=known,
+                first_group=() if kind == "collective-permute" else _first_group(line),
             )
         )
     return out

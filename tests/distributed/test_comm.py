@@ -114,6 +114,38 @@ def test_parse_async_and_iota_groups():
     assert got[1].group_size == 2 and got[1].wire_bytes_per_device == pytest.approx(40.0)
 
 
+def test_replica_groups_name_their_mesh_axes():
+    """Which mesh axes a collective spans, from its first replica group: on data 2 x model 4 a
+    group of size 2 is the data axis, of size 4 the model axis; on data 4 x model 4 (the 32B
+    GRPO plan's mesh) only the ids tell the two apart. Both HLO spellings of the groups."""
+    iota = "  %ag = f32[8]{0} all-gather(%p), replica_groups=[4,2]<=[2,4]T(1,0), dimensions={0}"
+    (c,) = comm.parse_collectives(iota, num_devices=8)
+    assert c.first_group == (0, 4) and c.group_size == 2
+    assert comm.mesh_axes(c.first_group, {"data": 2, "model": 4}) == ("data",)
+    sizes = {"pop": 1, "data": 4, "model": 4}
+    assert comm.mesh_axes((0, 4, 8, 12), sizes) == ("data",)
+    assert comm.mesh_axes((4, 5, 6, 7), sizes) == ("model",)
+    assert comm.mesh_axes(tuple(range(16)), sizes) == ("data", "model")
+    assert comm.mesh_axes((), sizes) == ("data", "model")  # no groups: every device
+    with pytest.raises(ValueError, match="beyond the mesh"):
+        comm.mesh_axes((0, 16), sizes)
+
+    # A compiled program: psums over each axis and both of a (data 2, model 4) mesh.
+    mesh = jax.make_mesh((2, 4), ("data", "model"), axis_types=(AxisType.Auto,) * 2)
+
+    def body(x):
+        return (
+            jax.lax.psum(x, "data"),
+            jax.lax.psum(x * 2, "model"),
+            jax.lax.psum(x * 3, ("data", "model")),
+        )
+
+    fn = jax.shard_map(body, mesh=mesh, in_specs=P("data", "model"), out_specs=P(), check_vma=False)
+    got = comm.hlo_collectives(fn, jax.ShapeDtypeStruct((4, 8), jnp.float32))
+    axes = sorted(comm.mesh_axes(c.first_group, {"data": 2, "model": 4}) for c in got)
+    assert axes == [("data",), ("data", "model"), ("model",)], got
+
+
 def test_construction_counts_and_errors():
     e = comm.essa_generation_bytes(96, 16, seed_bytes=8)
     assert e.payload_bytes == 96 * 12
