@@ -355,17 +355,53 @@ def _gather_leaf_fwd(x: jax.Array, k: int) -> tuple[jax.Array, None]:
     return _gather_leaf(x, k), None
 
 
-def _gather_leaf_bwd(k: int, _: None, ct: jax.Array) -> tuple[jax.Array]:
+def _reduce_scatter_f32(ct: jax.Array, k: int) -> jax.Array:
     # The all_gather's transpose, a reduce-scatter, summed in float32 whatever the compute dtype
     # (FSDP's float32 gradient reduction: a bf16 ring sum rounds at every hop; XLA's CPU
     # compiler also fails on a bf16 reduce-scatter inside the layer loop), rounded once after.
     summed = jax.lax.psum_scatter(
         ct.astype(jnp.float32), DATA_AXIS, scatter_dimension=k, tiled=True
     )
-    return (summed.astype(ct.dtype),)
+    return summed.astype(ct.dtype)
+
+
+def _gather_leaf_bwd(k: int, _: None, ct: jax.Array) -> tuple[jax.Array]:
+    return (_reduce_scatter_f32(ct, k),)
 
 
 _gather_leaf.defvjp(_gather_leaf_fwd, _gather_leaf_bwd)
+
+
+def _on_model_shards(fn: Any, local: PartitionSpec) -> Any:
+    """`fn` on each device's ``model`` shard (manual over ``model`` as well, inside `over_data`):
+    a collective over ``data`` then moves only that shard."""
+    return jax.shard_map(
+        fn,
+        mesh=jax.sharding.get_abstract_mesh(),
+        in_specs=local,
+        out_specs=local,
+        axis_names=frozenset({MODEL_AXIS}),
+        check_vma=False,
+    )
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2))
+def _gather_split(x: jax.Array, k: int, local: PartitionSpec) -> jax.Array:
+    """`_gather_leaf` of a leaf that ``model`` splits as `local`, shard by shard."""
+    return _on_model_shards(lambda a: jax.lax.all_gather(a, DATA_AXIS, axis=k, tiled=True), local)(
+        x
+    )
+
+
+def _gather_split_fwd(x: jax.Array, k: int, local: PartitionSpec) -> tuple[jax.Array, None]:
+    return _gather_split(x, k, local), None
+
+
+def _gather_split_bwd(k: int, local: PartitionSpec, _: None, ct: jax.Array) -> tuple[jax.Array]:
+    return (_on_model_shards(lambda c: _reduce_scatter_f32(c, k), local)(ct),)
+
+
+_gather_split.defvjp(_gather_split_fwd, _gather_split_bwd)
 
 
 def data_gather(tree: Any, specs: Any, mesh: Mesh) -> Any:
@@ -382,9 +418,20 @@ def data_gather(tree: Any, specs: Any, mesh: Mesh) -> Any:
     if axis_size(mesh, DATA_AXIS) == 1:
         return tree
 
+    split_model = axis_size(mesh, MODEL_AXIS) > 1
+
     def one(x: jax.Array, spec: PartitionSpec) -> jax.Array:
         k = data_dim(spec)
-        return x if k is None else _gather_leaf(x, k)
+        if k is None:
+            return x
+        if not split_model:
+            return _gather_leaf(x, k)
+        # Manual over ``model`` too, for the gather alone: in a program manual over ``data``
+        # only, XLA first all-gathers an operand that the Auto ``model`` axis splits (a manual
+        # axis's collective wants it whole over the others), so every device would hold, and
+        # move, whole layers (the 32B plan: 4x the data-axis bytes, plus model-axis gathers;
+        # tests/rl/test_fsdp_gather.py). Here each device gathers only its model shard.
+        return _gather_split(x, k, PartitionSpec(*(None if e == DATA_AXIS else e for e in spec)))
 
     return jax.tree.map(one, tree, specs)
 

@@ -151,3 +151,48 @@ def test_update_temporaries_hold_no_whole_model():
         # the arguments (masters, AdamW m and v, base) fall as 1 / n, to AdamW's scalar count
         assert m.argument_size_in_bytes <= one.argument_size_in_bytes / n + 64, n
     assert temps[8] < W / 2  # no device holds a whole copy of the weights among its temporaries
+
+
+@pytest.mark.parametrize("remat", [False, True])
+def test_gather_keeps_the_model_split(remat):
+    """data = 4 x model = 2: each device gathers over ``data`` only its ``model`` shard of a layer
+    (and reduce-scatters that shard's gradient); it never gathers a weight over ``model``, which
+    XLA does to a collective's operand in a program manual over ``data`` alone (then every
+    device holds and moves whole layers: the 32B plan's update moved 4x the bytes). The gradient
+    equals the one-device gradient."""
+    from essa_jax.scaling import comm
+
+    config = UNTIED
+    params = init_params(jax.random.key(0), config)
+    tokens, mask = _batch()
+    mesh = make_mesh(pop=1, data=4, model=2)
+    specs = param_specs(params, config, 2, 4)
+    assert specs["layers"]["up"]["kernel"] == P(None, "data", "model")
+    placed = place_params(params, mesh, config, shard_data=True)
+
+    def body(p, tokens, mask):
+        def loss(p):
+            weights, gather = gather_outside_layers(p, specs, mesh)
+            return _logp_sum(weights, config, tokens, mask, remat, gather)
+
+        return data_psum_unsplit(jax.grad(loss)(p), specs, mesh)
+
+    data_specs = jax.tree.map(data_only, specs)
+    rows = P("data")
+    sharded = jax.jit(over_data(body, mesh, (data_specs, rows, rows), data_specs))
+    place_rows = lambda x: jax.device_put(x, NamedSharding(mesh, rows))  # noqa: E731
+    args = (placed, place_rows(tokens), place_rows(mask))
+    hlo = sharded.lower(*args).compile().as_text()
+    sizes = dict(mesh.shape)
+    gathers = [c for c in comm.parse_collectives(hlo, 8) if c.kind == "all-gather"]
+    axes = {comm.mesh_axes(c.first_group, sizes) for c in gathers}
+    assert axes == {("data",)}, [(c.shapes, comm.mesh_axes(c.first_group, sizes)) for c in gathers]
+    # The largest gathered value: one layer's up kernel's model shard, not the whole kernel.
+    up = params["layers"]["up"]["kernel"]
+    assert max(c.payload_bytes for c in gathers) == up[0].size * up.dtype.itemsize // 2
+
+    g = sharded(*args)
+    g1 = jax.jit(jax.grad(_logp_sum), static_argnums=(1, 4))(params, config, tokens, mask, remat)
+    tol = _tolerance(g1, 8)
+    for a, b in zip(jax.tree.leaves(g), jax.tree.leaves(g1), strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=0, atol=tol)
