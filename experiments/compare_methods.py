@@ -25,10 +25,12 @@ Steps (resumable: a run whose summary.json exists is done; an interrupted one re
 checkpoint; every run records the commit it ran at in <workdir>/run_record.json and a run started
 at another commit is refused, unless --allow_commit_mix):
 
-1. the learning-rate sweep, seed 0 on add_2d: grpo_full at FULL_LRS (1e-6 3e-6 1e-5), grpo_lora at
-   LORA_LRS (3e-5 1e-4 3e-4 around its config's 1e-4). The best final held-out accuracy (ties: the
-   higher mean over the curve) is carried to the seeded runs of both tasks; fgrpo_full takes
-   grpo_full's. A sweep run at the chosen lr is also that method's seed-0 run on add_2d.
+1. the learning-rate sweep, seed 0 on add_2d: grpo_full at FULL_LRS (1e-6 3e-6 1e-5 3e-5), grpo_lora
+   at LORA_LRS (3e-5 1e-4 3e-4 1e-3 around its config's 1e-4; each list grown by one step after
+   its best of the first three, 1e-5 and 3e-4 on 2026-12-06, came out at its edge). The best
+   final held-out accuracy (ties: the higher mean over the curve) is carried to the seeded runs
+   of both tasks; fgrpo_full takes grpo_full's. A sweep run at the chosen lr is also that
+   method's seed-0 run on add_2d.
 2. the seeded runs: TASKS (add_2d and the hard task: the probe's task with the SFT start's greedy
    pass@1 < 0.2, `hard_task`) x METHODS x SEEDS (0 1 2). Each: a greedy held-out evaluation
    (200 problems) every EVAL_SECONDS (150) of loop clock (`eval.every_seconds`; metrics.jsonl
@@ -798,8 +800,8 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--eval_seconds", type=float, default=float(env("EVAL_SECONDS", 150)))
     p.add_argument("--samples", type=int, default=int(env("PASS_SAMPLES", 64)))
     p.add_argument("--problems", type=int, default=int(env("PASS_PROBLEMS", 20)))
-    p.add_argument("--full_lrs", default=env("FULL_LRS", "1e-6 3e-6 1e-5"))
-    p.add_argument("--lora_lrs", default=env("LORA_LRS", "3e-5 1e-4 3e-4"))
+    p.add_argument("--full_lrs", default=env("FULL_LRS", "1e-6 3e-6 1e-5 3e-5"))
+    p.add_argument("--lora_lrs", default=env("LORA_LRS", "3e-5 1e-4 3e-4 1e-3"))
     p.add_argument("--jobs", type=int, default=int(env("JOBS", 1)), help="runs at a time")
     p.add_argument(
         "--first_core", type=int, default=int(env("FIRST_CORE", 0)), help="runs on cores from it"
