@@ -26,8 +26,8 @@ checkpoint; every run records the commit it ran at in <workdir>/run_record.json 
 at another commit is refused, unless --allow_commit_mix):
 
 1. the learning-rate sweep, seed 0 on add_2d: grpo_full at FULL_LRS (1e-6 3e-6 1e-5 3e-5), grpo_lora
-   at LORA_LRS (3e-5 1e-4 3e-4 1e-3 around its config's 1e-4; each list grown by one step after
-   its best of the first three, 1e-5 and 3e-4 on 2026-12-06, came out at its edge). The best
+   at LORA_LRS (3e-5 1e-4 3e-4 1e-3 3e-3 around its config's 1e-4; each list grown a step at a
+   time while its best was at its edge: 1e-5, then 3e-4, then 1e-3 on 2026-12-06). The best
    final held-out accuracy (ties: the higher mean over the curve) is carried to the seeded runs
    of both tasks; fgrpo_full takes grpo_full's. A sweep run at the chosen lr is also that
    method's seed-0 run on add_2d.
@@ -801,7 +801,7 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--samples", type=int, default=int(env("PASS_SAMPLES", 64)))
     p.add_argument("--problems", type=int, default=int(env("PASS_PROBLEMS", 20)))
     p.add_argument("--full_lrs", default=env("FULL_LRS", "1e-6 3e-6 1e-5 3e-5"))
-    p.add_argument("--lora_lrs", default=env("LORA_LRS", "3e-5 1e-4 3e-4 1e-3"))
+    p.add_argument("--lora_lrs", default=env("LORA_LRS", "3e-5 1e-4 3e-4 1e-3 3e-3"))
     p.add_argument("--jobs", type=int, default=int(env("JOBS", 1)), help="runs at a time")
     p.add_argument(
         "--first_core", type=int, default=int(env("FIRST_CORE", 0)), help="runs on cores from it"

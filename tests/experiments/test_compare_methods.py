@@ -184,6 +184,7 @@ def test_the_plan_its_overrides_and_its_commands(tmp_path, capsys):
         ("grpo_lora", 1e-4),
         ("grpo_lora", 3e-4),
         ("grpo_lora", 1e-3),
+        ("grpo_lora", 3e-3),
     ]
     assert all(e["task"] == "add_2d" and e["seed"] == 0 for e in sweep)
     best = {"grpo_full": 1e-5, "grpo_lora": 3e-5}
@@ -217,10 +218,10 @@ def test_the_plan_its_overrides_and_its_commands(tmp_path, capsys):
     assert cm.main(["--dry_run", "--jobs=2", *_argv(tmp_path)]) == 0
     out = capsys.readouterr().out
     # Before the sweep, the seeded runs are shown at its middle lrs, whose seed-0 add_2d runs are
-    # sweep runs: 8 + 20 - 2 runs, alternating between the two cores.
+    # sweep runs: 9 + 20 - 2 runs, alternating between the two cores.
     assert "hard task: sub_2d" in out
-    assert "26 runs (8 sweep, 18 seeded), 26 to run, 2 at a time" in out
-    assert out.count("taskset -c 0 ") == 13 and out.count("taskset -c 1 ") == 13
+    assert "27 runs (9 sweep, 18 seeded), 27 to run, 2 at a time" in out
+    assert out.count("taskset -c 0 ") == 14 and out.count("taskset -c 1 ") == 13
 
 
 def test_every_command_is_a_valid_config_and_counts_its_numbers(tmp_path, smollm2_gguf_path):
