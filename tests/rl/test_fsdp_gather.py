@@ -80,17 +80,10 @@ def test_identity_gather_keeps_the_gradient(config, remat):
         np.testing.assert_allclose(a, b, rtol=0, atol=tol)
 
 
-@pytest.mark.parametrize("config", [TOY_CONFIG, UNTIED], ids=["tied", "untied_bias"])
-@pytest.mark.parametrize("remat", [False, True])
-def test_per_layer_gather_on_8_devices_equals_one_device(config, remat):
-    """data = 8: weights split over data enter the shard_map, the non-layer leaves are gathered
-    once and each layer inside the scan; the gradient arrives reduce-scattered (per leaf, the
-    device's shard of the sum over all devices' rows) and equals the one-device gradient."""
-    params = init_params(jax.random.key(0), config)
+def _sharded_gradient(params, config, specs, mesh, remat):
+    """(the jitted FSDP gradient program over `mesh`: weights split as `specs`, each device's
+    rows, per-layer gathers; its placed arguments; the one-device gradient of the same batch)."""
     tokens, mask = _batch()
-    mesh = make_mesh(pop=1, data=8)
-    specs = param_specs(params, config, 1, 8)
-    assert specs["layers"]["q"]["kernel"] == P(None, None, "data")  # split, not replicated
     placed = place_params(params, mesh, config, shard_data=True)
 
     def body(p, tokens, mask):
@@ -104,8 +97,22 @@ def test_per_layer_gather_on_8_devices_equals_one_device(config, remat):
     rows = P("data")
     sharded = jax.jit(over_data(body, mesh, (data_specs, rows, rows), data_specs))
     place_rows = lambda x: jax.device_put(x, NamedSharding(mesh, rows))  # noqa: E731
-    g8 = sharded(placed, place_rows(tokens), place_rows(mask))
     g1 = jax.jit(jax.grad(_logp_sum), static_argnums=(1, 4))(params, config, tokens, mask, remat)
+    return sharded, (placed, place_rows(tokens), place_rows(mask)), g1
+
+
+@pytest.mark.parametrize("config", [TOY_CONFIG, UNTIED], ids=["tied", "untied_bias"])
+@pytest.mark.parametrize("remat", [False, True])
+def test_per_layer_gather_on_8_devices_equals_one_device(config, remat):
+    """data = 8: weights split over data enter the shard_map, the non-layer leaves are gathered
+    once and each layer inside the scan; the gradient arrives reduce-scattered (per leaf, the
+    device's shard of the sum over all devices' rows) and equals the one-device gradient."""
+    params = init_params(jax.random.key(0), config)
+    mesh = make_mesh(pop=1, data=8)
+    specs = param_specs(params, config, 1, 8)
+    assert specs["layers"]["q"]["kernel"] == P(None, None, "data")  # split, not replicated
+    sharded, args, g1 = _sharded_gradient(params, config, specs, mesh, remat)
+    g8 = sharded(*args)
     assert float(jnp.abs(g1["layers"]["q"]["kernel"]).max()) > 1e-4
     # the gradient comes back split as the weights (ZeRO-3: no device holds it whole)
     assert "data" in g8["layers"]["q"]["kernel"].sharding.spec
@@ -164,24 +171,10 @@ def test_gather_keeps_the_model_split(remat):
 
     config = UNTIED
     params = init_params(jax.random.key(0), config)
-    tokens, mask = _batch()
     mesh = make_mesh(pop=1, data=4, model=2)
     specs = param_specs(params, config, 2, 4)
     assert specs["layers"]["up"]["kernel"] == P(None, "data", "model")
-    placed = place_params(params, mesh, config, shard_data=True)
-
-    def body(p, tokens, mask):
-        def loss(p):
-            weights, gather = gather_outside_layers(p, specs, mesh)
-            return _logp_sum(weights, config, tokens, mask, remat, gather)
-
-        return data_psum_unsplit(jax.grad(loss)(p), specs, mesh)
-
-    data_specs = jax.tree.map(data_only, specs)
-    rows = P("data")
-    sharded = jax.jit(over_data(body, mesh, (data_specs, rows, rows), data_specs))
-    place_rows = lambda x: jax.device_put(x, NamedSharding(mesh, rows))  # noqa: E731
-    args = (placed, place_rows(tokens), place_rows(mask))
+    sharded, args, g1 = _sharded_gradient(params, config, specs, mesh, remat)
     hlo = sharded.lower(*args).compile().as_text()
     sizes = dict(mesh.shape)
     gathers = [c for c in comm.parse_collectives(hlo, 8) if c.kind == "all-gather"]
@@ -192,7 +185,6 @@ def test_gather_keeps_the_model_split(remat):
     assert max(c.payload_bytes for c in gathers) == up[0].size * up.dtype.itemsize // 2
 
     g = sharded(*args)
-    g1 = jax.jit(jax.grad(_logp_sum), static_argnums=(1, 4))(params, config, tokens, mask, remat)
     tol = _tolerance(g1, 8)
     for a, b in zip(jax.tree.leaves(g), jax.tree.leaves(g1), strict=True):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=0, atol=tol)
