@@ -5,7 +5,8 @@ Two independent counts that the tests hold against each other:
 1. **From the compiled program** (`hlo_collectives`, `count_collectives`): parse the optimised HLO
    text of ``jax.jit(f).lower(...).compile().as_text()`` for ``all-gather``, ``all-reduce``,
    ``reduce-scatter``, ``all-to-all`` and ``collective-permute`` (and their async ``-done`` halves),
-   read each op's result shape / dtype and its replica group size n.
+   read each op's result shape / dtype, its replica group size n and its first group's devices
+   (`Collective.first_group`; the mesh axes it spans: `mesh_axes`).
 2. **By construction** (`essa_generation_bytes`, `grpo_step_bytes`): ESSA gathers P fitness floats
    per generation and nothing else (arXiv 2507.04453, Sec. 3: every worker regenerates the
    population from the shared seed); data-parallel GRPO all-reduces the trainable gradient once per
