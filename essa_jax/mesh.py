@@ -388,9 +388,11 @@ def _on_model_shards(fn: Any, local: PartitionSpec) -> Any:
 @functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2))
 def _gather_split(x: jax.Array, k: int, local: PartitionSpec) -> jax.Array:
     """`_gather_leaf` of a leaf that ``model`` splits as `local`, shard by shard."""
-    return _on_model_shards(lambda a: jax.lax.all_gather(a, DATA_AXIS, axis=k, tiled=True), local)(
-        x
-    )
+
+    def gather(a: jax.Array) -> jax.Array:
+        return jax.lax.all_gather(a, DATA_AXIS, axis=k, tiled=True)
+
+    return _on_model_shards(gather, local)(x)
 
 
 def _gather_split_fwd(x: jax.Array, k: int, local: PartitionSpec) -> tuple[jax.Array, None]:

@@ -117,15 +117,11 @@ def _parse_arrays(shape: str) -> list[tuple[str, tuple[int, ...]]]:
     return out
 
 
-def _group_size(line: str, num_devices: int | None) -> int:
-    m = _GROUPS_IOTA.search(line)
-    if m:
-        return int(m.group("s"))
-    m = _GROUPS_LIST.search(line)
-    if m and m.group("body").strip():
-        first = re.search(r"\{([\d,\s]*)\}", m.group("body"))
-        if first is not None:
-            return len([t for t in first.group(1).split(",") if t.strip()])
+def _group_size(group: tuple[int, ...], num_devices: int | None) -> int:
+    """Devices per replica group: the first group's (`_first_group`), or every device where the op
+    names none."""
+    if group:
+        return len(group)
     if num_devices is None:
         raise ValueError(
             "collective has no explicit replica_groups (= all devices): pass num_devices"
@@ -275,12 +271,13 @@ def parse_collectives(hlo_text: str, num_devices: int | None = None) -> list[Col
             operand = re.search(r"-done\(\s*%?([\w.\-]+)", line)
             line = starts.get(operand.group(1), line) if operand else line
         n_pairs = 0
+        group = () if kind == "collective-permute" else _first_group(line)
         if kind == "collective-permute":
             pm = _PAIRS.search(line)
             n_pairs = len(re.findall(r"\{\d+,\d+\}", pm.group("body"))) if pm else 0
             n = max(num_devices or 0, n_pairs, 1)
         else:
-            n = _group_size(line, num_devices)
+            n = _group_size(group, num_devices)
         result_bytes = sum(_array_bytes(dt, dims) for dt, dims in arrays)
         # The full value: the gathered result of an all-gather, the (pre-scatter) input of a
         # reduce-scatter (n x its result), the reduced tensor of an all-reduce, the per-device
@@ -303,7 +300,7 @@ def parse_collectives(hlo_text: str, num_devices: int | None = None) -> list[Col
                 computation=comp,
                 count=max(count, 1),
                 trip_count_known=known,
-                first_group=() if kind == "collective-permute" else _first_group(line),
+                first_group=group,
             )
         )
     return out
