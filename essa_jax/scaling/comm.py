@@ -271,12 +271,13 @@ def parse_collectives(hlo_text: str, num_devices: int | None = None) -> list[Col
             operand = re.search(r"-done\(\s*%?([\w.\-]+)", line)
             line = starts.get(operand.group(1), line) if operand else line
         n_pairs = 0
-        group = () if kind == "collective-permute" else _first_group(line)
-        if kind == "collective-permute":
+        if kind == "collective-permute":  # source -> target pairs, no replica groups
+            group: tuple[int, ...] = ()
             pm = _PAIRS.search(line)
             n_pairs = len(re.findall(r"\{\d+,\d+\}", pm.group("body"))) if pm else 0
             n = max(num_devices or 0, n_pairs, 1)
         else:
+            group = _first_group(line)
             n = _group_size(group, num_devices)
         result_bytes = sum(_array_bytes(dt, dims) for dt, dims in arrays)
         # The full value: the gathered result of an all-gather, the (pre-scatter) input of a
