@@ -47,11 +47,11 @@ CPU plan: each run is pinned to one core (its process's affinity, set before it 
 runs at a time, on cores FIRST_CORE (0) .. FIRST_CORE + JOBS - 1. `--dry_run` prints every run,
 its command and the time estimate (runs x (fixed + WALL + evaluations + pass@k) / JOBS, constants
 in COST). With --jobs 2 the sweep's last run holds one core while the other waits (the seeded
-runs need its lr); instead, two processes with disjoint METHODS, one core each, share OUT and
-ARCHIVE safely once the sweeps their methods take lrs from are the ones left to run by only one of
-them (2026-12-06: METHODS="grpo_full grpo_lora" on core 0, "essa svdgrpo fgrpo_full" on core 1,
-after grpo_full's sweep had finished; fgrpo_full plans grpo_full's sweep too, and two processes
-would both run an unfinished sweep run into one workdir).
+runs need its lr); instead, run two processes with disjoint METHODS, one core each, sharing OUT
+and ARCHIVE. That is safe when no unfinished sweep run is in both plans: fgrpo_full plans
+grpo_full's sweep too, and two processes would run one sweep run into one workdir (2026-12-06,
+grpo_full's sweep finished: METHODS="grpo_full grpo_lora" on core 0, "essa svdgrpo fgrpo_full" on
+core 1).
 
     experiments/compare_methods.sh --dry_run                  # the plan, nothing run
     nohup experiments/compare_methods.sh --jobs 2 > runs/compare_methods.log 2>&1 &
