@@ -345,19 +345,27 @@ def ensure_run(
     return True
 
 
-def sync_records(src: str, dst: str, files: Sequence[str], done: str = "summary.json") -> list[str]:
-    """Copy `files` of every finished run (a directory holding `done`) under `src` to the same
-    relative directory under `dst`, where `dst` does not hold that finished run yet (a run
-    finishes once: one finished in both is left alone). Returns the relative directories copied,
-    sorted. An experiment uses it both ways: its OUT -> an archive committed with the results as
-    runs finish, the archive -> a new session's OUT before planning, so a session's end loses only
-    the runs in flight. `done` is copied last: a copy cut short leaves an unfinished run, never a
-    partial record."""
+def sync_records(
+    src: str,
+    dst: str,
+    files: Sequence[str],
+    done: str = "summary.json",
+    complete: Callable[[str], bool] = lambda wd: True,
+) -> list[str]:
+    """Copy `files` of every finished run (a directory holding `done`, and `complete(directory)`)
+    under `src` to the same relative directory under `dst`, where `dst` does not hold that
+    finished run yet (a run finishes once: one finished in both is left alone). Returns the
+    relative directories copied, sorted. An experiment uses it both ways: its OUT -> an archive
+    committed with the results as runs finish, the archive -> a new session's OUT before planning,
+    so a session's end loses only the runs in flight. `done` is copied last: a copy cut short
+    leaves an unfinished run, never a partial record. `complete` is for records a manager writes
+    after the run's own `done` (compare_methods: the segment of run_record.json): another manager
+    sharing OUT would otherwise archive the run in between, once and for all, without it."""
     import shutil
 
     copied = []
     for dirpath, _, present in os.walk(src):
-        if done not in present:
+        if done not in present or not complete(dirpath):
             continue
         rel = os.path.relpath(dirpath, src)
         target = os.path.join(dst, rel)

@@ -330,6 +330,14 @@ def read_record(wd: str) -> dict[str, Any] | None:
     return _load(path) if os.path.exists(path) else None
 
 
+def recorded(wd: str) -> bool:
+    """Whether the manager has recorded how the run in `wd` ended (the last segment of its
+    run_record.json, appended after the run wrote summary.json): what archiving waits for, since
+    another manager sharing OUT may sync it in between (peak memory and run seconds are in it)."""
+    rec = read_record(wd)
+    return bool(rec and rec["segments"] and rec["segments"][-1]["exit"] == 0)
+
+
 def check_commits(out: str, commit: str, allow_mix: bool) -> None:
     """Refuse (one line) to run when a run under `out` (finished or not) was started at another
     commit: one table from one commit, unless `allow_mix` (each run's commit is then reported)."""
@@ -914,7 +922,9 @@ def main(argv: Sequence[str] | None = None, make_runner: Callable[[int], Runner]
             recs, tasks=tasks, methods=plan.methods, sweep=sweep, hard=hard, settings=settings
         )
         write_json(args.out_json, payload)
-        if args.archive and (new := sync_records(args.out, args.archive, RECORD_FILES)):
+        if args.archive and (
+            new := sync_records(args.out, args.archive, RECORD_FILES, complete=recorded)
+        ):
             print(f"archived {len(new)} finished runs -> {args.archive}: commit them", flush=True)
         if payload["runs"]:
             plot(payload, os.path.splitext(args.out_json)[0] + ".png")
@@ -922,7 +932,9 @@ def main(argv: Sequence[str] | None = None, make_runner: Callable[[int], Runner]
         print(f"{len(payload['runs'])} finished runs -> {args.out_json}", flush=True)
         return payload
 
-    if args.archive and (back := sync_records(args.archive, args.out, RECORD_FILES)):
+    if args.archive and (
+        back := sync_records(args.archive, args.out, RECORD_FILES, complete=recorded)
+    ):
         print(f"restored {len(back)} finished runs from {args.archive} into {args.out}", flush=True)
     if args.dry_run:
         return dry_run(plan, tasks, hard, args)

@@ -285,17 +285,30 @@ def test_finished_runs_are_archived_and_restored(tmp_path, capsys):
     done.mkdir(parents=True)
     for name in cm.RECORD_FILES:
         (done / name).write_text(name)
+    segment = {"commit": "0123abc", "core": 0, "seconds": 1.0, "exit": 0, "peak_rss_mb": 9.0}
+    record = {"commit": "0123abc", "segments": []}
+    (done / cm.RUN_RECORD).write_text(json.dumps(record))
     (done / "checkpoints").mkdir()  # not a record: stays behind
     part = out / "add_2d" / "svdgrpo" / "seed0"
     part.mkdir(parents=True)
     (part / "metrics.jsonl").write_text("{}")
-    assert cm.sync_records(str(out), str(archive), cm.RECORD_FILES) == ["add_2d/essa/seed0"]
+
+    def sync():
+        return cm.sync_records(str(out), str(archive), cm.RECORD_FILES, complete=cm.recorded)
+
+    # summary.json is written, but its manager has not yet appended the run's segment (another
+    # manager sharing OUT syncing now): not archived, or the archive would keep it without.
+    assert sync() == []
+    record["segments"].append(segment)
+    (done / cm.RUN_RECORD).write_text(json.dumps(record))
+    assert sync() == ["add_2d/essa/seed0"]
     kept = archive / "add_2d" / "essa" / "seed0"
     assert sorted(os.listdir(kept)) == sorted(cm.RECORD_FILES)
     assert (kept / "summary.json").read_text() == "summary.json"
+    assert json.loads((kept / cm.RUN_RECORD).read_text())["segments"] == [segment]
     assert not (archive / "add_2d" / "svdgrpo").exists()
     # A run finishes once: not copied again.
-    assert cm.sync_records(str(out), str(archive), cm.RECORD_FILES) == []
+    assert sync() == []
 
     fresh = tmp_path / "fresh"
     argv = [a for a in _argv(tmp_path) if not a.startswith("--out=")]
