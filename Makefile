@@ -5,6 +5,8 @@ BIN := $(VENV)/bin
 SECTION ?= all
 CONFIG ?= experiments/configs/essa_smollm2_arith.py
 WORKDIR ?= runs/essa_smollm2_arith
+# One test process per core of CI's 2-core host; 0 runs the suite in this one process.
+TEST_WORKERS ?= 2
 
 .PHONY: install test test-fast run bench bench-device plan lint format clean
 
@@ -20,8 +22,10 @@ $(VENV)/.installed: pyproject.toml
 
 install: $(VENV)/.installed
 
+# --dist loadfile: whole files per worker, so a module's fixtures (a loaded model, a finished
+# run) are built once, not once per worker.
 test: $(VENV)/.installed
-	XLA_FLAGS=--xla_force_host_platform_device_count=8 $(BIN)/pytest -q tests
+	XLA_FLAGS=--xla_force_host_platform_device_count=8 $(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadfile tests
 
 test-fast: $(VENV)/.installed
 	XLA_FLAGS=--xla_force_host_platform_device_count=8 $(BIN)/pytest -q -m "not slow" tests

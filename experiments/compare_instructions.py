@@ -37,8 +37,16 @@ rollouts + update) 0.5-1 min, a held-out evaluation or an lm-eval pass (200 rows
 WALL = 1800 s: sft ~15 min, each ESSA / GRPO run ~50 min, so the default plan (sft + 2 seeds x 2
 methods) is ~3.5 h; `--dry_run` prints the commands.
 
+CPU plan: `--jobs 1` (JOBS; the default) runs one run at a time on every core. `--jobs 2` runs
+the SFT run first (on every core), then a seed's ESSA and GRPO runs side by side, each pinned to
+one core (`taskset`: the same hardware for both, and WALL of loop each), each evaluated on its own
+core when it ends; the cores each run used are in its run_record.json and in the report
+(`pinned_cores`). On the 2-core machine that halves the plan's time (~2 h), at the price of each
+run doing about half the generations / steps it would on both cores.
+
     experiments/compare_instructions.sh                     # the plan above, then the report
     SEEDS="0 1 2" WALL=3600 experiments/compare_instructions.sh
+    JOBS=2 experiments/compare_instructions.sh              # ESSA and GRPO side by side
     experiments/compare_instructions.sh --dry_run           # commands only
     experiments/compare_instructions.sh --report_only       # the report from what is done
 """
@@ -60,6 +68,7 @@ sys.path.insert(0, ROOT)  # run as a script: import essa_jax and the experiments
 sys.path.insert(0, os.path.join(ROOT, "experiments"))
 
 from compare_fgrpo import command, ensure_run, subprocess_runner, sync_records  # noqa: E402
+from compare_methods import RUN_RECORD, git_commit, pinned_runner, run_all  # noqa: E402
 
 ESSA_CONFIG = "experiments/configs/essa_smollm2_instructions.py"
 GRPO_CONFIG = "experiments/configs/grpo_smollm2_instructions.py"
@@ -80,6 +89,7 @@ RECORD_FILES = (
     "base_lm_eval.json",
     "compare_overrides.json",
     "run_wall_seconds.json",
+    RUN_RECORD,  # --jobs > 1: the core each segment ran on
 )
 ARCHIVE = "experiments/results/compare_instructions_runs"
 
@@ -137,16 +147,18 @@ def eval_command(python: str, wd: str, heldout: str, out_json: str, base: bool) 
     return cmd + (["--no_adapter"] if base else [])
 
 
-def ensure_eval(python: str, wd: str, heldout: str, out_json: str, base: bool = False) -> None:
+def ensure_eval(
+    python: str, wd: str, heldout: str, out_json: str, base: bool = False, core: int | None = None
+) -> None:
+    """Evaluate `wd`'s model into `out_json` unless it exists; on CPU `core` only when given (the
+    core its run trained on, `--jobs` > 1)."""
     if os.path.exists(out_json):
         return
+    cmd = eval_command(python, wd, heldout, out_json, base)
+    if core is not None:
+        cmd = ["taskset", "-c", str(core), *cmd]
     with open(os.path.join(wd, "log.txt"), "a") as log:
-        rc = subprocess.call(
-            eval_command(python, wd, heldout, out_json, base),
-            cwd=ROOT,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
+        rc = subprocess.call(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
     if rc:
         raise SystemExit(f"lm-eval evaluation failed (exit {rc}); see {wd}/log.txt")
 
@@ -193,6 +205,9 @@ def report(out: str, seeds: list[int]) -> dict[str, Any]:
             ev = _load(os.path.join(wd, "lm_eval.json"))
             if ev is not None:
                 e = _entry(ev, _load(os.path.join(wd, "summary.json")))
+                # --jobs > 1: the cores its segments were pinned to (one each); else every core.
+                rec = _load(os.path.join(wd, RUN_RECORD))
+                e["pinned_cores"] = sorted({g["core"] for g in rec["segments"]}) if rec else None
                 methods.setdefault(method, []).append({"seed": s, **e})
     table = {}
     for method, runs in methods.items():
@@ -222,7 +237,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dry_run", action="store_true")
     p.add_argument("--report_only", action="store_true")
     p.add_argument("--python", default=os.environ.get("PY", sys.executable))
+    p.add_argument(
+        "--jobs",
+        type=int,
+        default=int(os.environ.get("JOBS", "1")),
+        help="ESSA / GRPO runs at a time, each pinned to one core (1: one run on every core)",
+    )
     args = p.parse_args(argv)
+    ncpu = os.cpu_count() or 1
+    if not 1 <= args.jobs <= ncpu:
+        p.error(f"--jobs {args.jobs}: one core per run, so 1..{ncpu} on this machine")
     seeds = [int(s) for s in os.environ.get("SEEDS", "0 1").split()]
     wall = float(os.environ.get("WALL", "1800"))
     out = os.environ.get("OUT", "runs/compare_instructions")
@@ -244,15 +268,39 @@ def main(argv: list[str] | None = None) -> int:
     if not args.report_only:
         heldout = heldout_file(out)
         runner = subprocess_runner(args.python)
-        for label, cfg, ov, name in runs:
+
+        def archived() -> None:
+            # Evaluated (the base too, for the SFT run): its record can outlive this session.
+            if archive and (new := sync_records(out, archive, RECORD_FILES, done="lm_eval.json")):
+                print(f"archived {', '.join(new)} -> {archive}: commit it", flush=True)
+
+        # With --jobs > 1 only the SFT run goes first, on every core: the others start from it.
+        for label, cfg, ov, name in runs if args.jobs == 1 else runs[:1]:
             wd = os.path.join(out, name)
             ensure_run(runner, ov, wd, label, config_path=cfg)
             ensure_eval(args.python, wd, heldout, os.path.join(wd, "lm_eval.json"))
             if name == "sft":
                 ensure_eval(args.python, wd, heldout, os.path.join(wd, "base_lm_eval.json"), True)
-            # Evaluated (the base too, for the SFT run): its record can outlive this session.
-            if archive and sync_records(out, archive, RECORD_FILES, done="lm_eval.json"):
-                print(f"archived {name} -> {archive}: commit it", flush=True)
+            archived()
+        if args.jobs > 1:
+            # In plan order, so a seed's ESSA and GRPO runs go side by side: the same loop
+            # wall-clock on the same hardware (one core each), each evaluated on its own core.
+            commit = git_commit()
+            entries = [
+                {"label": label, "config": cfg, "overrides": ov, "workdir": os.path.join(out, name)}
+                for label, cfg, ov, name in runs[1:]
+            ]
+            run_all(
+                entries,
+                range(args.jobs),
+                lambda core: pinned_runner(args.python, core, commit),
+                commit,
+                after_each=archived,
+                then=lambda e, core: ensure_eval(
+                    args.python, e["workdir"], heldout, f"{e['workdir']}/lm_eval.json", core=core
+                ),
+                finished=lambda e: os.path.exists(os.path.join(e["workdir"], "lm_eval.json")),
+            )
     result = report(out, seeds)
     os.makedirs(os.path.dirname(results) or ".", exist_ok=True)
     with open(results + ".tmp", "w") as f:

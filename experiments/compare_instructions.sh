@@ -5,16 +5,17 @@
 # are in experiments/compare_instructions.py's docstring.
 #
 # Resumable: a finished run (summary.json) or evaluation (lm_eval.json) is not redone, an
-# interrupted run resumes from its last checkpoint. One run at a time; on the 2-core machine start
-# it in the background:
+# interrupted run resumes from its last checkpoint. One run at a time on every core, or (JOBS=2) a
+# seed's ESSA and GRPO runs side by side, one core each; start it in the background:
 #
 #   nohup experiments/compare_instructions.sh > runs/compare_instructions.log 2>&1 &
+#   JOBS=2 nohup experiments/compare_instructions.sh > runs/compare_instructions.log 2>&1 &
 #
 #   experiments/compare_instructions.sh --dry_run       # the commands, nothing run
 #   SEEDS="0 1 2" WALL=3600 experiments/compare_instructions.sh
 #   experiments/compare_instructions.sh --report_only   # experiments/results/compare_instructions.json
 #
-# Variables: SEEDS ("0 1"), WALL (1800 s of loop wall-clock per ESSA / GRPO run), OUT
+# Variables: JOBS (1), SEEDS ("0 1"), WALL (1800 s of loop wall-clock per ESSA / GRPO run), OUT
 # (runs/compare_instructions), ARCHIVE (experiments/results/compare_instructions_runs; '' = off),
 # RESULTS, PY. Needs the lmeval extra: pip install -e '.[lmeval]'.
 set -euo pipefail

@@ -425,11 +425,16 @@ def run_all(
     make_runner: Callable[[int], Runner],
     commit: str,
     after_each: Callable[[], Any] = lambda: None,
+    then: Callable[[Mapping[str, Any], int], Any] | None = None,
+    finished: Callable[[Mapping[str, Any]], bool] | None = None,
 ) -> None:
     """Every unfinished entry, one per core of `cores` at a time, each pinned to its core, then
-    `after_each` (the report: one at a time, matplotlib is not thread-safe). A failed run stops
-    the plan: the runs not yet started are cancelled, those running finish."""
-    todo = [e for e in entries if not os.path.exists(os.path.join(e["workdir"], "summary.json"))]
+    `then(entry, core)` on the core it ran on, before another run takes it (an evaluation of the
+    run), then `after_each` (the report: one at a time, matplotlib is not thread-safe). Unfinished:
+    not `finished(entry)`, by default no summary.json in its workdir. A failed run stops the plan:
+    the runs not yet started are cancelled, those running finish."""
+    finished = finished or (lambda e: os.path.exists(os.path.join(e["workdir"], "summary.json")))
+    todo = [e for e in entries if not finished(e)]
     free: queue.Queue[int] = queue.Queue()
     for c in cores:
         free.put(c)
@@ -444,6 +449,8 @@ def run_all(
                 )
             label = f"{e['label']} [core {core}]"
             ensure_run(make_runner(core), e["overrides"], e["workdir"], label, e["config"])
+            if then is not None:
+                then(e, core)
         finally:
             free.put(core)
         with reporting:

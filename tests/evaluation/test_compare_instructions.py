@@ -123,3 +123,77 @@ def test_evaluated_runs_are_restored_from_the_archive(ci, tmp_path, monkeypatch,
     res = json.loads((tmp_path / "out.json").read_text())
     assert res["methods"]["essa"]["runs"][0]["summary"] == {"steps": 3}
     assert "grpo" not in res["methods"]
+
+
+def test_jobs_2_runs_a_seeds_essa_and_grpo_side_by_side_each_evaluated_on_its_core(
+    ci, tmp_path, monkeypatch
+):
+    """--jobs 2: the SFT run first (every core: the others start from its adapter), then each
+    seed's two runs at once, one core each, each evaluated on the core it trained on; a second
+    invocation finds everything evaluated and runs nothing."""
+    import threading
+
+    events = []
+    lock = threading.Lock()
+    side_by_side = threading.Barrier(2, timeout=30)  # breaks unless two runs are in flight at once
+
+    def train(wd, core):
+        name = wd.rsplit("/", 1)[-1]
+        if name.endswith("_s0"):
+            side_by_side.wait()
+        with lock:
+            events.append(("run", name, core))
+        (tmp_path / "out" / name / "summary.json").write_text(json.dumps({"steps": 1}))
+
+    def fake_pinned(cmd, core, log, env=None):
+        # The real pinned_runner (its run_record.json) around a fake `taskset -c core <cmd>`.
+        assert cmd[1:3] == ["-m", "essa_jax.main"]
+        train(cmd[cmd.index("--workdir") + 1], core)
+        return 0, 1024
+
+    def fake_serial(python):
+        return lambda config_path, overrides, wd: train(wd, None)
+
+    def fake_eval(python, wd, heldout, out_json, base=False, core=None):
+        if Path(out_json).exists():  # as ensure_eval: an evaluation is done once
+            return
+        with lock:
+            events.append(("eval", out_json.rsplit("/", 2)[-2] + ("/base" if base else ""), core))
+        _fake_eval(Path(out_json), 0.25, {"a": 0.5})
+
+    monkeypatch.setattr(sys.modules["compare_methods"], "run_pinned", fake_pinned)
+    monkeypatch.setattr(ci, "subprocess_runner", fake_serial)
+    monkeypatch.setattr(ci, "ensure_eval", fake_eval)
+    monkeypatch.setattr(ci, "heldout_file", lambda out: "heldout.jsonl")
+    monkeypatch.setattr(ci, "git_commit", lambda: "abc")
+    monkeypatch.setenv("SEEDS", "0 1")
+    monkeypatch.setenv("OUT", str(tmp_path / "out"))
+    monkeypatch.setenv("ARCHIVE", str(tmp_path / "archive"))
+    monkeypatch.setenv("RESULTS", str(tmp_path / "res.json"))
+    assert ci.main(["--jobs", "2"]) == 0
+
+    assert events[:3] == [("run", "sft", None), ("eval", "sft", None), ("eval", "sft/base", None)]
+    runs = {name: core for kind, name, core in events if kind == "run"}
+    evals = {name: core for kind, name, core in events if kind == "eval"}
+    assert set(runs) == {"sft", "essa_s0", "grpo_s0", "essa_s1", "grpo_s1"}
+    assert {runs["essa_s0"], runs["grpo_s0"]} == {0, 1}
+    for name in ("essa_s0", "grpo_s0", "essa_s1", "grpo_s1"):
+        assert evals[name] == runs[name]  # evaluated where it ran
+        assert (tmp_path / "archive" / name / "lm_eval.json").exists()
+    res = json.loads((tmp_path / "res.json").read_text())
+    assert [r["pinned_cores"] for r in res["methods"]["essa"]["runs"]] == [
+        [runs["essa_s0"]],
+        [runs["essa_s1"]],
+    ]
+
+    n = len(events)
+    assert ci.main(["--jobs", "2"]) == 0
+    assert len(events) == n  # all evaluated: nothing re-run
+
+
+def test_jobs_beyond_the_cores_is_refused(ci, capsys):
+    import os
+
+    with pytest.raises(SystemExit) as e:
+        ci.main(["--jobs", str((os.cpu_count() or 1) + 1), "--report_only"])
+    assert e.value.code == 2 and "one core per run" in capsys.readouterr().err
