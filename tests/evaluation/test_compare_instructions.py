@@ -27,6 +27,7 @@ def test_plan_gives_both_methods_the_same_wall_clock_and_one_sft_start(ci):
     assert names == ["sft", "essa_s0", "grpo_s0", "essa_s3", "grpo_s3"]
     for _, cfg, ov, name in runs[1:]:
         assert ov["max_wall_seconds"] == 900.0 and "seed" not in ov
+        assert ov["eval.every"] == 0 and ov["eval.base_model"] is False  # the SFT run has the base
         assert ov["search_seed"] == int(name[-1])
         assert cfg == (ci.ESSA_CONFIG if name.startswith("essa") else ci.GRPO_CONFIG)
     # Every config validates with its overrides (the locked schema knows each field).
