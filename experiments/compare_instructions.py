@@ -68,7 +68,7 @@ sys.path.insert(0, ROOT)  # run as a script: import essa_jax and the experiments
 sys.path.insert(0, os.path.join(ROOT, "experiments"))
 
 from compare_fgrpo import command, ensure_run, subprocess_runner, sync_records  # noqa: E402
-from compare_methods import RUN_RECORD, git_commit, pinned_runner, run_all  # noqa: E402
+from compare_methods import RUN_RECORD, git_commit, paired, pinned_runner, run_all  # noqa: E402
 
 ESSA_CONFIG = "experiments/configs/essa_smollm2_instructions.py"
 GRPO_CONFIG = "experiments/configs/grpo_smollm2_instructions.py"
@@ -198,9 +198,28 @@ def _entry(lm_eval: dict[str, Any], summary: dict[str, Any] | None) -> dict[str,
     return out
 
 
+def _evals(wd: str) -> list[dict[str, Any]]:
+    """The run's held-out evaluations in order (metrics.jsonl rows of phase "eval"): the SFT start
+    (step 0) first, the final model last; each with its per-prompt "solved" string."""
+    path = os.path.join(wd, "metrics.jsonl")
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        rows = [json.loads(line) for line in f if line.strip()]
+    return [r for r in rows if r.get("phase") == "eval"]
+
+
 def report(out: str, seeds: list[int]) -> dict[str, Any]:
-    """Collect every finished evaluation under `out` into the results dict (module docstring)."""
+    """Collect every finished evaluation under `out` into the results dict (module docstring).
+
+    Besides lm-eval's scores, the paired comparisons use each run's own held-out evaluations
+    (the same 200 prompts, greedy, the same checkers: their prompt-level strict accuracy is
+    lm-eval's, `lm_eval_agrees` checks it per run): per prompt, solved at the SFT start and at the
+    end (`compare_methods.paired`: mean difference over prompts with a paired bootstrap 95%
+    interval, exact McNemar test pooled over seeds) for ESSA vs SFT, GRPO vs SFT and ESSA vs GRPO
+    (same seed)."""
     methods: dict[str, list[dict[str, Any]]] = {}
+    solved: dict[tuple[str, int], tuple[str, str]] = {}  # (method, seed) -> (start, final)
     base = _load(os.path.join(out, "sft", "base_lm_eval.json"))
     if base is not None:
         methods["base"] = [_entry(base, None)]
@@ -216,6 +235,10 @@ def report(out: str, seeds: list[int]) -> dict[str, Any]:
                 # --jobs > 1: the cores its segments were pinned to (one each); else every core.
                 rec = _load(os.path.join(wd, RUN_RECORD))
                 e["pinned_cores"] = sorted({g["core"] for g in rec["segments"]}) if rec else None
+                if evs := _evals(wd):
+                    e["heldout_curve"] = [[r["wall_s"], r["acc"]] for r in evs]
+                    e["lm_eval_agrees"] = abs(e["prompt_level_strict_acc"] - evs[-1]["acc"]) < 1e-9
+                    solved[method, s] = (evs[0]["solved"], evs[-1]["solved"])
                 methods.setdefault(method, []).append({"seed": s, **e})
     table = {}
     for method, runs in methods.items():
@@ -226,18 +249,46 @@ def report(out: str, seeds: list[int]) -> dict[str, Any]:
         }
         row["runs"] = runs
         table[method] = row
+    both = [s for s in seeds if ("essa", s) in solved and ("grpo", s) in solved]
+    comparisons = {
+        "essa_vs_sft": paired([v for (m, _), v in solved.items() if m == "essa"]),
+        "grpo_vs_sft": paired([v for (m, _), v in solved.items() if m == "grpo"]),
+        # diff = ESSA - GRPO: positive when ESSA solves more of the prompts.
+        "essa_vs_grpo": paired([(solved["grpo", s][1], solved["essa", s][1]) for s in both]),
+    }
     return {
         "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M+00:00"),
         "configs": [ESSA_CONFIG, GRPO_CONFIG],
         "seeds": seeds,
         "methods": table,
+        "paired_prompt_level_strict": comparisons,
     }
 
 
 def print_table(result: dict[str, Any]) -> None:
+    methods = result["methods"]
     print("method  " + "  ".join(f"{m[:-4]:>20}" for m in METRICS))
-    for method, row in result["methods"].items():
+    for method, row in methods.items():
         print(f"{method:7s} " + "  ".join(f"{row[m]:20.3f}" for m in METRICS))
+    types = sorted({t for row in methods.values() for t in row["per_instruction_strict"]})
+    if types:
+        print(f"\n{'instruction type (strict)':40s}" + "".join(f"{m:>8s}" for m in methods))
+    for t in types:
+        cells = [row["per_instruction_strict"].get(t) for row in methods.values()]
+        print(f"{t:40s}" + "".join(f"{c:8.3f}" if c is not None else f"{'-':>8s}" for c in cells))
+    for method in ("essa", "grpo"):
+        for r in methods.get(method, {}).get("runs", []):
+            sm = r.get("summary", {})
+            print(
+                f"{method} seed {r['seed']}: {sm.get('steps')} updates in "
+                f"{sm.get('train_wall_seconds', 0):.0f} s of loop, cores {r['pinned_cores']}"
+            )
+    for name, c in result.get("paired_prompt_level_strict", {}).items():
+        if c is not None:
+            print(
+                f"{name}: {c['diff']:+.3f} [{c['ci'][0]:+.3f}, {c['ci'][1]:+.3f}], "
+                f"{c['better']} better / {c['worse']} worse, McNemar p = {c['mcnemar_p']:.3g}"
+            )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -198,3 +198,45 @@ def test_jobs_beyond_the_cores_is_refused(ci, capsys):
     with pytest.raises(SystemExit) as e:
         ci.main(["--jobs", str((os.cpu_count() or 1) + 1), "--report_only"])
     assert e.value.code == 2 and "one core per run" in capsys.readouterr().err
+
+
+def test_paired_comparisons_use_each_runs_own_per_prompt_outcomes(ci, tmp_path, capsys):
+    """ESSA vs SFT, GRPO vs SFT and ESSA vs GRPO pair the runs' own held-out evaluations prompt
+    by prompt (first eval = the SFT start, last = the final model); a run whose lm-eval score is
+    not its own final accuracy is flagged."""
+
+    def run(name, start, final, lm_strict):
+        wd = tmp_path / name
+        _fake_eval(wd / "lm_eval.json", lm_strict, {"a": 0.5})
+        rows = [
+            {
+                "phase": "eval",
+                "step": 0,
+                "wall_s": 0.0,
+                "acc": start.count("1") / 4,
+                "solved": start,
+            },
+            {"phase": "es", "step": 1, "wall_s": 5.0},
+            {
+                "phase": "eval",
+                "step": 9,
+                "wall_s": 60.0,
+                "acc": final.count("1") / 4,
+                "solved": final,
+            },
+        ]
+        (wd / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+    run("essa_s0", "0011", "1111", 1.0)
+    run("grpo_s0", "0011", "0111", 0.5)  # lm-eval disagrees with the run's 0.75
+    res = ci.report(str(tmp_path), [0])
+    c = res["paired_prompt_level_strict"]
+    assert c["essa_vs_sft"]["diff"] == pytest.approx(0.5) and c["essa_vs_sft"]["better"] == 2
+    assert c["grpo_vs_sft"]["diff"] == pytest.approx(0.25) and c["grpo_vs_sft"]["worse"] == 0
+    assert c["essa_vs_grpo"]["diff"] == pytest.approx(0.25) and c["essa_vs_grpo"]["better"] == 1
+    essa, grpo = res["methods"]["essa"]["runs"][0], res["methods"]["grpo"]["runs"][0]
+    assert essa["lm_eval_agrees"] and not grpo["lm_eval_agrees"]
+    assert essa["heldout_curve"] == [[0.0, 0.5], [60.0, 1.0]]
+    assert "solved" not in json.dumps(res)  # per-prompt strings stay in the runs' records
+    ci.print_table(res)
+    assert "essa_vs_grpo: +0.250" in capsys.readouterr().out
