@@ -291,10 +291,64 @@ def print_table(result: dict[str, Any]) -> None:
             )
 
 
+def markdown(result: dict[str, Any]) -> str:
+    """The report as the markdown tables of docs/RESULTS.md: the four IFEval scores per method
+    (mean over seeds, each seed's prompt-level strict in brackets), strict accuracy per instruction
+    type, and the paired comparisons."""
+    methods = result["methods"]
+    names = list(methods)
+    lines = [
+        "| method | prompt strict | inst. strict | prompt loose | inst. loose | per seed (prompt "
+        "strict) | updates in loop s |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for m, row in methods.items():
+        runs = [r for r in row["runs"] if "seed" in r]
+        seeds = " / ".join(f"{r['prompt_level_strict_acc']:.3f}" for r in runs) or "-"
+        steps = " / ".join(
+            f"{r['summary']['steps']} in {r['summary']['train_wall_seconds']:.0f}"
+            for r in runs
+            if "steps" in r.get("summary", {})
+        )
+        cells = " | ".join(f"{row[k]:.3f}" for k in METRICS)
+        lines.append(f"| {m} | {cells} | {seeds} | {steps or '-'} |")
+    types = sorted({t for row in methods.values() for t in row["per_instruction_strict"]})
+    n = {
+        t: r["per_instruction"][t]["n"]
+        for row in methods.values()
+        for r in row["runs"]
+        for t in r["per_instruction"]
+    }
+    lines += ["", "| instruction type (strict) | n | " + " | ".join(names) + " |"]
+    lines.append("|---|---|" + "---|" * len(names))
+    for t in types:
+        cells = [methods[m]["per_instruction_strict"].get(t) for m in names]
+        lines.append(
+            f"| `{t}` | {n[t]} | "
+            + " | ".join("-" if c is None else f"{c:.3f}" for c in cells)
+            + " |"
+        )
+    lines += [
+        "",
+        "| paired, prompt-level strict | difference [95% CI] | better / worse | McNemar p |",
+    ]
+    lines.append("|---|---|---|---|")
+    for name, c in result.get("paired_prompt_level_strict", {}).items():
+        if c is not None:
+            pair = " vs ".join(name.upper().split("_VS_"))
+            lines.append(
+                f"| {pair} ({c['seeds']} seeds x {c['problems']}) "
+                f"| {c['diff']:+.3f} [{c['ci'][0]:+.3f}, {c['ci'][1]:+.3f}] | {c['better']} / "
+                f"{c['worse']} | {c['mcnemar_p']:.3g} |"
+            )
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     p.add_argument("--dry_run", action="store_true")
     p.add_argument("--report_only", action="store_true")
+    p.add_argument("--markdown", action="store_true", help="also print the tables as markdown")
     p.add_argument("--python", default=os.environ.get("PY", sys.executable))
     p.add_argument(
         "--jobs",
@@ -367,6 +421,8 @@ def main(argv: list[str] | None = None) -> int:
         f.write("\n")
     os.replace(results + ".tmp", results)
     print_table(result)
+    if args.markdown:
+        print("\n" + markdown(result))
     return 0
 
 

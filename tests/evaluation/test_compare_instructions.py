@@ -240,3 +240,6 @@ def test_paired_comparisons_use_each_runs_own_per_prompt_outcomes(ci, tmp_path, 
     assert "solved" not in json.dumps(res)  # per-prompt strings stay in the runs' records
     ci.print_table(res)
     assert "essa_vs_grpo: +0.250" in capsys.readouterr().out
+    md = ci.markdown(res)
+    assert "| ESSA vs GRPO (1 seeds x 4) | +0.250 [" in md
+    assert "| essa | 1.000 | 1.100 | 1.050 | 1.150 | 1.000 | " in md  # the fake's four scores
