@@ -68,7 +68,14 @@ sys.path.insert(0, ROOT)  # run as a script: import essa_jax and the experiments
 sys.path.insert(0, os.path.join(ROOT, "experiments"))
 
 from compare_fgrpo import command, ensure_run, subprocess_runner, sync_records  # noqa: E402
-from compare_methods import RUN_RECORD, git_commit, paired, pinned_runner, run_all  # noqa: E402
+from compare_methods import (  # noqa: E402
+    RUN_RECORD,
+    git_commit,
+    numbers_trained,
+    paired,
+    pinned_runner,
+    run_all,
+)
 
 ESSA_CONFIG = "experiments/configs/essa_smollm2_instructions.py"
 GRPO_CONFIG = "experiments/configs/grpo_smollm2_instructions.py"
@@ -260,6 +267,11 @@ def report(out: str, seeds: list[int]) -> dict[str, Any]:
         "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M+00:00"),
         "configs": [ESSA_CONFIG, GRPO_CONFIG],
         "seeds": seeds,
+        # What each search / optimiser changes: ESSA's singular values, GRPO's LoRA factors.
+        "numbers_trained": {
+            "essa": numbers_trained(ESSA_CONFIG, {}),
+            "grpo": numbers_trained(GRPO_CONFIG, {}),
+        },
         "methods": table,
         "paired_prompt_level_strict": comparisons,
     }

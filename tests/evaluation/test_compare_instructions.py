@@ -238,6 +238,12 @@ def test_paired_comparisons_use_each_runs_own_per_prompt_outcomes(ci, tmp_path, 
     assert essa["lm_eval_agrees"] and not grpo["lm_eval_agrees"]
     assert essa["heldout_curve"] == [[0.0, 0.5], [60.0, 1.0]]
     assert "solved" not in json.dumps(res)  # per-prompt strings stay in the runs' records
+    # SmolLM2-135M, LoRA r4 on q/k/v/o over 30 layers: ESSA searches the top singular value of
+    # each factor (2 x 4 x 30); GRPO trains the factors, r (in + out) per target and layer.
+    assert res["numbers_trained"] == {
+        "essa": 240,
+        "grpo": 30 * 4 * (2 * (576 + 576) + 2 * (576 + 192)),
+    }
     ci.print_table(res)
     assert "essa_vs_grpo: +0.250" in capsys.readouterr().out
     md = ci.markdown(res)
