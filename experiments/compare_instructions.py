@@ -242,6 +242,8 @@ def report(out: str, seeds: list[int]) -> dict[str, Any]:
                 # --jobs > 1: the cores its segments were pinned to (one each); else every core.
                 rec = _load(os.path.join(wd, RUN_RECORD))
                 e["pinned_cores"] = sorted({g["core"] for g in rec["segments"]}) if rec else None
+                if rec:  # the largest of its segments' peak RSS (host memory, MB)
+                    e["peak_rss_mb"] = max(g["peak_rss_mb"] for g in rec["segments"])
                 if evs := _evals(wd):
                     e["heldout_curve"] = [[r["wall_s"], r["acc"]] for r in evs]
                     e["lm_eval_agrees"] = abs(e["prompt_level_strict_acc"] - evs[-1]["acc"]) < 1e-9
