@@ -30,19 +30,19 @@ compare_instructions_runs) once it is evaluated, and restored into OUT before pl
 ARCHIVE, and a later session's worktree at the same commit, with ARCHIVE copied in, goes on
 without re-running them.
 
-Time (2-core CPU, float32; not yet measured end to end): the probe decoded 64 new tokens at ~0.5
-rows/s with the machine shared (load ~10; experiments/results/instructions_probe.json), so an ESSA
-generation (16 candidates x 8 greedy prompts, stopping at EOS) takes 1-4 min, a GRPO step (32
-rollouts + update) 0.5-1 min, a held-out evaluation or an lm-eval pass (200 rows) 3-7 min. With
-WALL = 1800 s: sft ~15 min, each ESSA / GRPO run ~50 min, so the default plan (sft + 2 seeds x 2
-methods) is ~3.5 h; `--dry_run` prints the commands.
+Time (measured 2026-12-06 with `--jobs 2` on the quiet 2-core Intel Xeon host, float32): the SFT
+stage (training, its held-out pass, the base's, two lm-eval passes) 8 min; then per seed, on one
+core each, an ESSA generation (16 candidates x 8 greedy prompts, stopping at EOS) 60-75 s, a GRPO
+step (32 rollouts + update) ~55 s, a held-out or lm-eval pass (200 rows) ~2.5 min, so a seed's
+pair of runs with WALL = 1800 s takes ~39 min: the default plan (2 seeds) ~1.5 h, one at a time
+(`--jobs 1`) about twice that. `--dry_run` prints the commands.
 
 CPU plan: `--jobs 1` (JOBS; the default) runs one run at a time on every core. `--jobs 2` runs
 the SFT run first (on every core), then a seed's ESSA and GRPO runs side by side, each pinned to
 one core (`taskset`: the same hardware for both, and WALL of loop each), each evaluated on its own
 core when it ends; the cores each run used are in its run_record.json and in the report
-(`pinned_cores`). On the 2-core machine that halves the plan's time (~2 h), at the price of each
-run doing about half the generations / steps it would on both cores.
+(`pinned_cores`). On the 2-core machine that halves the plan's time, at the price of each run
+doing about half the generations / steps it would on both cores.
 
     experiments/compare_instructions.sh                     # the plan above, then the report
     SEEDS="0 1 2" WALL=3600 experiments/compare_instructions.sh
