@@ -34,7 +34,7 @@ Time (measured 2026-12-06 with `--jobs 2` on the quiet 2-core Intel Xeon host, f
 stage (training, its held-out pass, the base's, two lm-eval passes) 8 min; then per seed, on one
 core each, an ESSA generation (16 candidates x 8 greedy prompts, stopping at EOS) 60-75 s, a GRPO
 step (32 rollouts + update) ~55 s, a held-out or lm-eval pass (200 rows) ~2.5 min, so a seed's
-pair of runs with WALL = 1800 s takes ~39 min: the default plan (2 seeds) ~1.5 h, one at a time
+pair of runs with WALL = 1800 s takes ~39 min: the default plan (3 seeds) ~2 h, one at a time
 (`--jobs 1`) about twice that. `--dry_run` prints the commands.
 
 CPU plan: `--jobs 1` (JOBS; the default) runs one run at a time on every core. `--jobs 2` runs
@@ -45,7 +45,7 @@ core when it ends; the cores each run used are in its run_record.json and in the
 doing about half the generations / steps it would on both cores.
 
     experiments/compare_instructions.sh                     # the plan above, then the report
-    SEEDS="0 1 2" WALL=3600 experiments/compare_instructions.sh
+    SEEDS="0 1 2 3" WALL=3600 experiments/compare_instructions.sh
     JOBS=2 experiments/compare_instructions.sh              # ESSA and GRPO side by side
     experiments/compare_instructions.sh --dry_run           # commands only
     experiments/compare_instructions.sh --report_only       # the report from what is done
@@ -374,7 +374,7 @@ def main(argv: list[str] | None = None) -> int:
     ncpu = os.cpu_count() or 1
     if not 1 <= args.jobs <= ncpu:
         p.error(f"--jobs {args.jobs}: one core per run, so 1..{ncpu} on this machine")
-    seeds = [int(s) for s in os.environ.get("SEEDS", "0 1").split()]
+    seeds = [int(s) for s in os.environ.get("SEEDS", "0 1 2").split()]
     wall = float(os.environ.get("WALL", "1800"))
     out = os.environ.get("OUT", "runs/compare_instructions")
     results = os.environ.get("RESULTS", RESULTS)

@@ -12,10 +12,10 @@
 #   JOBS=2 nohup experiments/compare_instructions.sh > runs/compare_instructions.log 2>&1 &
 #
 #   experiments/compare_instructions.sh --dry_run       # the commands, nothing run
-#   SEEDS="0 1 2" WALL=3600 experiments/compare_instructions.sh
+#   SEEDS="0 1 2 3" WALL=3600 experiments/compare_instructions.sh
 #   experiments/compare_instructions.sh --report_only   # experiments/results/compare_instructions.json
 #
-# Variables: JOBS (1), SEEDS ("0 1"), WALL (1800 s of loop wall-clock per ESSA / GRPO run), OUT
+# Variables: JOBS (1), SEEDS ("0 1 2"), WALL (1800 s of loop wall-clock per ESSA / GRPO run), OUT
 # (runs/compare_instructions), ARCHIVE (experiments/results/compare_instructions_runs; '' = off),
 # RESULTS, PY. Needs the lmeval extra: pip install -e '.[lmeval]'.
 set -euo pipefail
