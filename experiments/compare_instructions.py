@@ -75,6 +75,7 @@ from compare_methods import (  # noqa: E402
     paired,
     pinned_runner,
     run_all,
+    run_pinned,
 )
 
 ESSA_CONFIG = "experiments/configs/essa_smollm2_instructions.py"
@@ -170,10 +171,11 @@ def ensure_eval(
     if os.path.exists(out_json):
         return
     cmd = eval_command(python, wd, heldout, out_json, base)
-    if core is not None:
-        cmd = ["taskset", "-c", str(core), *cmd]
     with open(os.path.join(wd, "log.txt"), "a") as log:
-        rc = subprocess.call(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+        if core is None:
+            rc = subprocess.call(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+        else:  # pinned as the runs are (compare_methods.run_pinned)
+            rc, _ = run_pinned(cmd, core, log)
     if rc:
         raise SystemExit(f"lm-eval evaluation failed (exit {rc}); see {wd}/log.txt")
 

@@ -249,3 +249,21 @@ def test_paired_comparisons_use_each_runs_own_per_prompt_outcomes(ci, tmp_path, 
     md = ci.markdown(res)
     assert "| ESSA vs GRPO (1 seeds x 4) | +0.250 [" in md
     assert "| essa | 1.000 | 1.100 | 1.050 | 1.150 | 1.000 | " in md  # the fake's four scores
+
+
+def test_an_evaluation_on_a_core_is_pinned_like_the_runs(ci, tmp_path, monkeypatch):
+    """ensure_eval(core=c) goes through compare_methods.run_pinned (taskset -c c), as the runs do;
+    a failed evaluation stops the plan."""
+    calls = []
+
+    def fake(cmd, core, log, env=None):
+        calls.append((cmd, core))
+        return 1, 0
+
+    monkeypatch.setattr(ci, "run_pinned", fake)
+    with pytest.raises(SystemExit, match="lm-eval evaluation failed"):
+        ci.ensure_eval("py", str(tmp_path), "h.jsonl", str(tmp_path / "lm_eval.json"), core=1)
+    ((cmd, core),) = calls
+    assert core == 1 and cmd == ci.eval_command(
+        "py", str(tmp_path), "h.jsonl", str(tmp_path / "lm_eval.json"), False
+    )
