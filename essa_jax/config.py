@@ -57,6 +57,10 @@ def base_config() -> ml_collections.ConfigDict:
     # Wall-clock budget of the ES / RL phase in seconds (after SFT); 0 = none. Both loops stop at
     # the first step boundary past it, so equal budgets compare methods at equal cost.
     c.max_wall_seconds = 0.0
+    # The same budget in the process's own CPU seconds spent in the loop's steps (time.process_time:
+    # every thread of this process, no other process): on a shared or loaded host elapsed time
+    # counts the neighbours' work too, CPU seconds do not. 0 = none; with both, the first reached.
+    c.max_cpu_seconds = 0.0
 
     c.model = ml_collections.ConfigDict()
     # HF checkpoint dir, .gguf file, "smollm2-135m-instruct" (embedded GGUF) or "random:<preset>"
@@ -108,6 +112,11 @@ def base_config() -> ml_collections.ConfigDict:
     c.task.num_train = 2000
     # Held-out problems, evaluated greedily (accuracy with a 95% Wilson interval).
     c.task.num_heldout = 200
+    # Validation problems (0 = no validation split): carved from the training stream, disjoint from
+    # train and held-out up to swapped operands (essa_jax.data.canonical_key). With them the
+    # periodic evaluations and SFT's early stopping read validation, and the held-out (test) set
+    # is read once per policy: the SFT start and the final policy (docs/STUDIES.md).
+    c.task.num_validation = 0
     # Longer prompts are dropped (and counted); keep prompts short, they cost every candidate.
     c.task.max_prompt_tokens = 64
 
@@ -143,6 +152,16 @@ def base_config() -> ml_collections.ConfigDict:
     # Rows per gradient micro-batch inside one SFT step (the same update); 0 = the whole batch.
     # Must divide sft.batch_size.
     c.sft.micro_batch_size = 0
+    # Early stopping on the validation split (task.num_validation > 0): a greedy validation
+    # evaluation every `eval_every` SFT steps (0 = none); SFT returns the adapter of the best one
+    # (ties: the earlier) and ends after `patience` evaluations without improvement (0 = never
+    # early: all sft.steps run, the best is still returned).
+    c.sft.eval_every = 0
+    c.sft.patience = 0
+    # A PEFT adapter folder (e.g. an SFT run's <workdir>/adapter) taken as the SFT result instead of
+    # training one: runs of a study share one converged SFT start. Its rank / alpha / targets must
+    # equal lora.*. "" = train it here.
+    c.sft.init_from = ""
 
     c.essa = ml_collections.ConfigDict()
     # A name of the strategy registry (essa_jax.es.STRATEGIES: "cma_es", "sep_cma_es",
@@ -501,6 +520,9 @@ def check_fields(config, num_devices: int | None = None, *, model_config: Any = 
     check_task_config(config.task, check_paths=model_config is None)
     check_positive("task.num_train", config.task.num_train)
     check_positive("task.num_heldout", config.task.num_heldout)
+    nval = config.task.get("num_validation", 0)
+    if isinstance(nval, bool) or not isinstance(nval, int) or nval < 0:
+        raise ConfigError("task.num_validation", nval, "integers >= 0 (0 = no validation split)")
     check_positive("task.max_prompt_tokens", config.task.max_prompt_tokens)
     check_positive("generation.max_new_tokens", config.generation.max_new_tokens)
 
@@ -539,6 +561,25 @@ def check_fields(config, num_devices: int | None = None, *, model_config: Any = 
     check_quantization(config.model, model_config)
     check_trained_params(config)
     check_positive("sft.learning_rate", config.sft.learning_rate)
+    for field in ("eval_every", "patience"):
+        value = config.sft.get(field, 0)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ConfigError(f"sft.{field}", value, "integers >= 0 (0 = off)")
+    if config.sft.get("eval_every", 0) and not config.task.get("num_validation", 0):
+        raise ConfigError(
+            "sft.eval_every",
+            config.sft.eval_every,
+            "0 without a validation split",
+            "set task.num_validation > 0: SFT never stops on the held-out (test) set",
+        )
+    init_from = config.sft.get("init_from", "")
+    if init_from and not os.path.isfile(os.path.join(init_from, "adapter_config.json")):
+        raise ConfigError(
+            "sft.init_from",
+            init_from,
+            "'' or a PEFT adapter folder (with adapter_config.json), e.g. an SFT run's "
+            "<workdir>/adapter",
+        )
 
     num_devices = device_count() if num_devices is None else num_devices
     shape = model_config
@@ -575,6 +616,7 @@ def data_axis(config, num_devices: int) -> int:
 # The grpo.* floats are GRPOConfig's, which checks them itself (grpo_config).
 FINITE_FIELDS = (
     ("max_wall_seconds", 0.0, True),
+    ("max_cpu_seconds", 0.0, True),
     ("eval.every_seconds", 0.0, True),
     ("task.eval_fraction", 0.0, False),
     ("lora.alpha", 0.0, False),

@@ -48,6 +48,7 @@ MAY_CHANGE = (
     "essa.generations",
     "grpo.steps",
     "max_wall_seconds",
+    "max_cpu_seconds",
     "eval.every",
     "eval.every_seconds",
     "eval.batch_size",

@@ -3,7 +3,7 @@
     load_examples(path, format="auto"|"gsm8k"|"math"|"generic", on_malformed=...)
         -> (examples, report)
     generate_task("add_2d", num_train=..., num_eval=..., seed=...) -> (train, eval)
-    load_task(config) -> Task(train, eval, prompt_format, reward, ...)
+    load_task(config) -> Task(train, eval, prompt_format, reward, validation, ...)
     split_train_eval(examples, eval_fraction, seed); init_cursor / next_batch (resumable batches)
     build_prompt(example, tokenizer, format=<one of PROMPT_FORMATS>, system_prompt=...)
     prompt_token_ids(examples, tokenizer, max_prompt_tokens=..., on_too_long=...) -> PromptBatch
@@ -14,6 +14,9 @@ A normalised example is a dict with at least `id`, `question`, `prompt` (= quest
 
 from .batching import (
     Cursor,
+    canonical_key,
+    check_disjoint,
+    disjoint_splits,
     epoch_order,
     init_cursor,
     iterate_batches,

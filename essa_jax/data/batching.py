@@ -10,6 +10,7 @@ reaches the end of an epoch is completed from the start of the next one (every b
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator, Sequence
 from typing import Any, TypeVar
 
@@ -42,6 +43,64 @@ def split_train_eval(
     eval_idx = np.sort(order[:n_eval])
     train_idx = np.sort(order[n_eval:])
     return [examples[i] for i in train_idx], [examples[i] for i in eval_idx]
+
+
+_COMMUTATIVE = re.compile(r"^\s*(-?\d+)\s*([+*])\s*(-?\d+)\s*$")
+
+
+def canonical_key(example: dict[str, Any]) -> str:
+    """The problem an example poses, up to presentation: the operands of a commutative binary
+    expression sorted ("27 + 45" and "45 + 27" are one problem), else the expression, else the
+    question text with whitespace and case normalised. Two examples with one key would leak
+    between splits (a model that memorised "a + b" in training answers "b + a" at test)."""
+    expr = example.get("expression")
+    if isinstance(expr, str):
+        m = _COMMUTATIVE.match(expr)
+        if m:
+            a, op, b = m.groups()
+            a, b = sorted((int(a), int(b)))
+            return f"{a} {op} {b}"
+        return " ".join(expr.split())
+    text = example.get("question", example.get("prompt", ""))
+    return " ".join(str(text).lower().split())
+
+
+def disjoint_splits(
+    test: Sequence[dict[str, Any]],
+    validation: Sequence[dict[str, Any]],
+    train: Sequence[dict[str, Any]],
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, int]]:
+    """(validation, train, removed) with every example whose `canonical_key` already appears in
+    an earlier split (test, then validation) or earlier in its own split removed: the test set is
+    never changed, so results stay comparable with runs that had no validation split.
+    `removed` counts what was dropped: {"validation": n, "train": m}."""
+    seen = {canonical_key(ex) for ex in test}
+    out: list[list[dict[str, Any]]] = []
+    removed: dict[str, int] = {}
+    for name, split in (("validation", validation), ("train", train)):
+        kept = []
+        for ex in split:
+            key = canonical_key(ex)
+            if key not in seen:
+                seen.add(key)
+                kept.append(ex)
+        removed[name] = len(split) - len(kept)
+        out.append(kept)
+    return out[0], out[1], removed
+
+
+def check_disjoint(splits: dict[str, Sequence[dict[str, Any]]]) -> None:
+    """Raise ValueError naming the first problem that two splits share (by `canonical_key`)."""
+    owner: dict[str, str] = {}
+    for name, split in splits.items():
+        for ex in split:
+            key = canonical_key(ex)
+            other = owner.setdefault(key, name)
+            if other != name:
+                raise ValueError(
+                    f"splits {other!r} and {name!r} share the problem {key!r}; the splits of a "
+                    "study must be disjoint"
+                )
 
 
 def init_cursor(num_examples: int, seed: int) -> Cursor:

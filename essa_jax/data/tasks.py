@@ -16,7 +16,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from .batching import split_train_eval
+from .batching import check_disjoint, disjoint_splits, split_train_eval
 from .generated import generate_task as _generate
 from .generated import is_generated_task
 from .loading import LoadReport, load_examples
@@ -27,6 +27,11 @@ TASK_FIELDS: dict[str, tuple[Any, str]] = {
     "name": (None, "generated task name (add_2d, sub_2d, mul_1d, arith_mixed, word_problems, ...)"),
     "num_train": (2000, "generated: training problems"),
     "num_eval": (100, "generated: held-out problems"),
+    "num_validation": (
+        0,
+        "validation problems carved from the training stream (tuning and early stopping only); "
+        "with it, validation and train drop every problem the earlier splits pose (canonical_key)",
+    ),
     "seed": (0, "generator seed / held-out split seed"),
     "level": (None, "generated: difficulty level of arith_mixed / word_problems"),
     "allow_negative": (False, "generated: allow negative results in sub_<n>d"),
@@ -70,6 +75,10 @@ class Task:
     system_prompt: str | None = None
     instruction: str = ""
     reports: list[LoadReport] = dataclasses.field(default_factory=list)
+    # Tuning / early-stopping split (num_validation > 0), disjoint from train and eval by
+    # `canonical_key`; `overlap_removed` counts the problems dropped to make it so.
+    validation: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    overlap_removed: dict[str, int] = dataclasses.field(default_factory=dict)
 
     def prompt_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for `build_prompt` / `prompt_token_ids`."""
@@ -95,6 +104,9 @@ def load_task(config: Any) -> Task:
     if unknown:
         raise ValueError(f"unknown task config fields {unknown}; valid: {sorted(TASK_FIELDS)}")
     cfg = {k: raw.get(k, default) for k, (default, _) in TASK_FIELDS.items()}
+    num_val = int(cfg["num_validation"] or 0)
+    if num_val < 0:
+        raise ValueError(f"num_validation must be >= 0, got {num_val}")
     reports: list[LoadReport] = []
     if cfg["name"] is not None and cfg["train_path"] is not None:
         raise ValueError("task config: give either name (generated task) or train_path, not both")
@@ -103,7 +115,9 @@ def load_task(config: Any) -> Task:
             raise ValueError(f"task name {cfg['name']!r} is not a generated task")
         train, evals = _generate(
             cfg["name"],
-            num_train=cfg["num_train"],
+            # The validation split comes off the front of the training stream: the held-out
+            # problems (the stream's first num_eval) are the same with or without it.
+            num_train=cfg["num_train"] + num_val,
             num_eval=cfg["num_eval"],
             seed=cfg["seed"],
             level=cfg["level"],
@@ -135,10 +149,20 @@ def load_task(config: Any) -> Task:
         default_format = "chat"
     else:
         raise ValueError("task config needs name (a generated task) or train_path (a local file)")
+    validation: list[dict[str, Any]] = []
+    removed: dict[str, int] = {}
+    if num_val:
+        if num_val >= len(train):
+            raise ValueError(
+                f"num_validation={num_val} leaves no training examples of {len(train)}"
+            )
+        validation, train, removed = disjoint_splits(evals, train[:num_val], train[num_val:])
     if cfg["max_train"] is not None:
         train = train[: cfg["max_train"]]
     if cfg["max_eval"] is not None:
         evals = evals[: cfg["max_eval"]]
+    if num_val:
+        check_disjoint({"test": evals, "validation": validation, "train": train})
     fmt = cfg["prompt_format"] or default_format
     if fmt not in PROMPT_FORMATS:
         raise ValueError(f"prompt_format {fmt!r} is not valid; valid: {PROMPT_FORMATS}")
@@ -161,4 +185,6 @@ def load_task(config: Any) -> Task:
         system_prompt=cfg["system_prompt"],
         instruction=cfg["instruction"],
         reports=reports,
+        validation=validation,
+        overlap_removed=removed,
     )

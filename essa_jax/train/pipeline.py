@@ -6,8 +6,8 @@
        after SFT); resumed run: restore the latest complete checkpoint instead;
     4. the method's loop, logging every step and evaluating the policy on the held-out set every
        `eval.every` steps and / or `eval.every_seconds` of loop clock (`eval_due`), checkpointing
-       every `checkpoint.every` steps, stopping at the step budget
-       or at `max_wall_seconds` of loop wall-clock;
+       every `checkpoint.every` steps, stopping at the step budget, at `max_wall_seconds` of loop
+       wall-clock or at `max_cpu_seconds` of the process's own CPU time in the loop;
     5. final held-out accuracy (+ pass@k), summary.json and a printed table, PNG plots, the adapter
        in PEFT format (`<workdir>/adapter`).
 
@@ -20,7 +20,15 @@ the PEFT adapter; checkpoints are written and read by all (orbax is collective).
 falls back past a newest checkpoint that cannot be read (`essa_jax.checkpointing`).
 
 The wall-clock axis (`wall_s`) counts the loop's own time only: SFT, held-out evaluation and
-checkpoint writes are excluded, so methods compare at equal training cost.
+checkpoint writes are excluded, so methods compare at equal training cost; `cpu_s` is the same
+span in this process's CPU seconds (unaffected by other processes on the host), and every
+evaluation row records the host's 1-minute load average (`load1`), so a run that overlapped other
+heavy work can be flagged.
+
+Splits (`task.num_validation`, docs/STUDIES.md): without a validation split every evaluation reads
+the held-out set, as before. With one, SFT's early stopping and the loop's periodic evaluations
+read validation (rows with `split: "validation"`), and the held-out set is the test set, read once
+per policy: the SFT start (`sft_eval`) and the final policy (a `test` row and summary.json).
 """
 
 from __future__ import annotations
@@ -74,6 +82,16 @@ DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 # The loop's clock (seconds, monotonic): `wall_s`, `max_wall_seconds` and `eval.every_seconds`
 # read it. A module attribute so that tests drive the loop with a fake clock.
 clock = time.perf_counter
+# The process's own CPU time (all its threads; not other processes'): `cpu_s`, `max_cpu_seconds`.
+cpu_clock = time.process_time
+
+
+def load_average() -> float:
+    """The host's 1-minute load average (NaN where the OS has none): how busy the machine was."""
+    try:
+        return float(os.getloadavg()[0])
+    except OSError:
+        return float("nan")
 ACCELERATORS = ("gpu", "tpu", "cuda", "rocm")
 
 
@@ -108,6 +126,14 @@ class Run:
     # The base every program after SFT runs on (ESSA's population, GRPO, held-out evaluation):
     # `params` with the projections in `model.quantize` form; `params` itself when "none".
     infer_params: Any = None
+    # The validation split (task.num_validation > 0), else None: what SFT's early stopping and the
+    # periodic evaluations read; `heldout` is then the test set, read once per policy.
+    validation: PromptSet | None = None
+
+    @property
+    def tuning_set(self) -> str:
+        """The split periodic evaluations read: "validation" when there is one, else "test"."""
+        return "validation" if self.validation is not None else "test"
 
     def __post_init__(self) -> None:
         if self.infer_params is None:
@@ -195,9 +221,15 @@ def build_run(config, workdir: str, *, verbose: bool = True) -> Run:
     enc = dict(max_prompt_tokens=config.task.max_prompt_tokens, pad_id=pad, eos_id=eos[0])
     train, dropped_train = encode_split(tokenizer, task.train, task, **enc)
     heldout, dropped_heldout = encode_split(tokenizer, task.eval, task, **enc)
-    # One prompt width for both splits: every generation program compiles once.
-    width = max(train.tokens.shape[1], heldout.tokens.shape[1])
+    validation = None
+    if task.validation:
+        validation, _ = encode_split(tokenizer, task.validation, task, **enc)
+    # One prompt width for every split: every generation program compiles once.
+    splits = [train, heldout] + ([validation] if validation is not None else [])
+    width = max(d.tokens.shape[1] for d in splits)
     train, heldout = train.pad_to(width, pad), heldout.pad_to(width, pad)
+    if validation is not None:
+        validation = validation.pad_to(width, pad)
     sampler = Sampler(model_config, config.generation.max_new_tokens, eos, pad)
     mesh = data_parallel_mesh(config)
     if int(config.mesh.model) > 1:
@@ -230,6 +262,7 @@ def build_run(config, workdir: str, *, verbose: bool = True) -> Run:
         mesh=mesh,
         malformed_skipped=sum(r.num_skipped for r in task.reports),
         infer_params=infer_params,
+        validation=validation,
     )
     check_data_parallel(config, run.mesh)
     run.log(
@@ -240,6 +273,13 @@ def build_run(config, workdir: str, *, verbose: bool = True) -> Run:
         + (f"; {run.malformed_skipped} malformed rows skipped" if run.malformed_skipped else "")
         + f"), loaded in {time.perf_counter() - t0:.1f}s"
     )
+    if validation is not None:
+        removed = task.overlap_removed
+        run.log(
+            f"validation split: {len(validation)} prompts; removed {removed.get('validation', 0)} "
+            f"validation / {removed.get('train', 0)} train problems that an earlier split poses "
+            "(swapped operands included); held-out = the test set, read once per policy"
+        )
     for report in task.reports:
         if report.num_skipped:
             run.log(report.summary())
@@ -247,15 +287,18 @@ def build_run(config, workdir: str, *, verbose: bool = True) -> Run:
 
 
 def evaluate_policy(
-    run: Run, lora: Any, *, step: int | None = None, evaluation: str = ""
+    run: Run, lora: Any, *, step: int | None = None, evaluation: str = "", split: str = "test"
 ) -> dict[str, Any]:
     """Greedy held-out accuracy of the policy `lora` (None: the base model; `TrainedWeights`: a
     full-parameter run's weights) on the run's inference
     base (`Run.infer_params`: quantised when `model.quantize` is set), with its 95% CI and
     per-problem `solved` string (`essa_jax.evaluation.heldout_accuracy`). With a `step`, the
     first `eval.samples_to_log` completions go to eval_samples.jsonl, tagged with `step` and
-    `evaluation` (`MetricsLogger.write_samples`)."""
-    data = run.heldout
+    `evaluation` (`MetricsLogger.write_samples`). `split`: "test" (the held-out set) or
+    "validation" (`Run.validation`); with a validation split the result carries `split`."""
+    data = run.validation if split == "validation" else run.heldout
+    if data is None:
+        raise ValueError("evaluate_policy(split='validation') needs task.num_validation > 0")
     params, lora = policy_inputs(lora, run.infer_params)
     sample = policy_sample_fn(
         run.sampler,
@@ -270,6 +313,8 @@ def evaluate_policy(
     ev = heldout_accuracy(sample, data.prompts, data.fields, run.reward_fn, keep_samples=keep)
     if keep:
         run.logger.write_samples(step, evaluation, ev.pop("samples"))
+    if run.validation is not None:
+        ev["split"] = split
     return ev
 
 
@@ -286,33 +331,49 @@ def initial_policy(run: Run, key: jax.Array, *, sft: bool = False) -> Any:
 
 
 def _sft(run: Run, key: jax.Array) -> tuple[dict, dict[str, Any]]:
-    """Train the SFT adapter (or, with `train.params`, the weights); return it and its held-out
-    accuracy."""
+    """Train the SFT adapter (or, with `train.params`, the weights), or read it from
+    `sft.init_from`; return it and its held-out (test) accuracy, and with a validation split its
+    validation accuracy and the early-stopping record (`sft_validation`: step -> accuracy)."""
     c = run.config
     t0 = time.perf_counter()
     lora0 = initial_policy(run, key, sft=True)
     full = isinstance(lora0, TrainedWeights)
+    curve: dict[int, float] = {}
+    init_from = c.sft.get("init_from", "")
+    if init_from:
+        sft_lora = _read_sft_adapter(run, init_from, full)
+    else:
 
-    def log_fn(step: int, m: dict[str, float]) -> None:
-        run.logger.write("sft", step, wall_s=time.perf_counter() - t0, tokens=0, **m)
+        def log_fn(step: int, m: dict[str, float]) -> None:
+            run.logger.write("sft", step, wall_s=time.perf_counter() - t0, tokens=0, **m)
 
-    sft_lora = train_sft(
-        lora0.masters if full else lora0,
-        run.params,
-        run.model_config,
-        run.train,
-        c.sft,
-        seed=c.seed,
-        pad_id=run.sampler.pad_token_id,
-        log_fn=log_fn,
-        remat=bool(c.model.remat),
-        mesh=run.mesh,
-        to_params=merge_weights if full else None,
-    )
-    if full:
-        sft_lora = TrainedWeights(sft_lora)
+        def eval_fn(step: int, lora: Any) -> float:
+            ev = evaluate_policy(run, TrainedWeights(lora) if full else lora, split="validation")
+            ev.pop("solved", None)
+            run.logger.write("sft_eval", step, wall_s=time.perf_counter() - t0, **ev)
+            run.log(f"SFT step {step}: validation accuracy {ev['acc']:.3f}")
+            curve[step] = ev["acc"]
+            return ev["acc"]
+
+        sft_lora = train_sft(
+            lora0.masters if full else lora0,
+            run.params,
+            run.model_config,
+            run.train,
+            c.sft,
+            seed=c.seed,
+            pad_id=run.sampler.pad_token_id,
+            log_fn=log_fn,
+            remat=bool(c.model.remat),
+            mesh=run.mesh,
+            to_params=merge_weights if full else None,
+            eval_fn=eval_fn if c.sft.get("eval_every", 0) else None,
+        )
+        if full:
+            sft_lora = TrainedWeights(sft_lora)
     sft_s = time.perf_counter() - t0
     ev = evaluate_policy(run, sft_lora, step=0, evaluation="sft")
+    val = evaluate_policy(run, sft_lora, split="validation") if run.validation is not None else None
     if c.train.params != "lora" and not full:
         # train.sft_params = "lora": the LoRA SFT model (evaluated above as the adapter methods
         # evaluate it) becomes the full-parameter loop's start, its adapter folded into the weights.
@@ -324,7 +385,50 @@ def _sft(run: Run, key: jax.Array) -> tuple[dict, dict[str, Any]]:
         + (f"; base model {base['acc']:.3f}" if base else "")
     )
     info = {"sft_seconds": sft_s, "sft_eval": ev, "base_eval": base}
+    if val is not None:
+        info["sft_validation_eval"] = val
+    if curve:
+        # Ties: the earlier step (train_sft's rule).
+        best = max(curve, key=lambda s: (curve[s], -s))
+        info["sft_validation"] = {
+            "curve": sorted(curve.items()),
+            "best_step": best,
+            "steps_run": max(curve),
+        }
+        run.log(f"SFT early stopping: best validation accuracy {curve[best]:.3f} at step {best}")
+    if init_from:
+        info["sft_init_from"] = os.path.abspath(init_from)
     return sft_lora, info
+
+
+def _read_sft_adapter(run: Run, path: str, full: bool) -> Any:
+    """The PEFT adapter at `path` as this run's SFT result (`sft.init_from`); its rank, alpha and
+    targets must be `lora.*`'s (ConfigError naming the difference otherwise)."""
+    from essa_jax.config import ConfigError
+
+    try:
+        lora_config, lora = lora_lib.import_peft(path, run.model_config)
+    except (OSError, ValueError) as e:
+        raise ConfigError("sft.init_from", path, "a readable PEFT adapter folder", str(e)) from e
+    want = run.lora_config
+    got = (lora_config.rank, lora_config.alpha, tuple(lora_config.targets))
+    if got != (want.rank, want.alpha, tuple(want.targets)):
+        raise ConfigError(
+            "sft.init_from",
+            path,
+            f"an adapter of rank {want.rank}, alpha {want.alpha}, targets {list(want.targets)}",
+            f"it has rank {got[0]}, alpha {got[1]}, targets {list(got[2])}",
+        )
+    if full:
+        raise ConfigError(
+            "sft.init_from",
+            path,
+            "'' for full-parameter SFT (train.sft_params = 'same')",
+            "set train.sft_params = 'lora' to start full-parameter training from this adapter",
+        )
+    from essa_jax.lora.adapter import master_weights
+
+    return master_weights(lora)
 
 
 def train_and_evaluate(
@@ -420,8 +524,12 @@ def _train_and_evaluate(config, workdir, resume, verbose, allow_config_change, g
 
     if latest is None:
         sft_lora, info = _sft(run, k_sft)
-        run.logger.write("eval", 0, wall_s=0.0, tokens=0, rollouts=0, **info["sft_eval"])
-        meta = {**info, "wall_s": 0.0, "tokens": 0, "rollouts": 0, "history": []}
+        start = info.get("sft_validation_eval", info["sft_eval"])
+        run.logger.write(
+            "eval", 0, wall_s=0.0, cpu_s=0.0, tokens=0, rollouts=0, load1=load_average(), **start
+        )
+        meta = {**info, "wall_s": 0.0, "cpu_s": 0.0, "tokens": 0, "rollouts": 0, "history": []}
+        meta["load_at_start"] = load_average()
         if loop is None:
             state = {"lora": sft_lora}
         else:
@@ -519,16 +627,25 @@ def _is_main() -> bool:
 
 def _final_eval(run: Run, lora: Any, meta: dict) -> dict[str, Any]:
     """Held-out accuracy of the final policy: the last periodic eval if it was at the last step,
-    else a fresh one (logged as an eval row at that step)."""
+    else a fresh one (logged as an eval row at that step). With a validation split the periodic
+    evaluations read validation, so the held-out (test) set is read here, once, and logged as a
+    `test` row (a resumed run that already wrote it reuses it)."""
     rows = run.logger.history
     train = [r for r in rows if r["phase"] == "train"]
     step = train[-1]["step"] if train else 0
-    evals = [r for r in rows if r["phase"] == "eval"]
+    phase = "test" if run.validation is not None else "eval"
+    evals = [r for r in rows if r["phase"] == phase]
     if evals and evals[-1]["step"] == step:
         return evals[-1]
     ev = evaluate_policy(run, lora, step=step, evaluation="final")
-    axes = {"wall_s": meta["wall_s"], "tokens": meta["tokens"], "rollouts": meta.get("rollouts", 0)}
-    run.logger.write("eval", step, **axes, **ev)
+    axes = {
+        "wall_s": meta["wall_s"],
+        "cpu_s": meta.get("cpu_s", 0.0),
+        "tokens": meta["tokens"],
+        "rollouts": meta.get("rollouts", 0),
+        "load1": load_average(),
+    }
+    run.logger.write(phase, step, **axes, **ev)
     return ev
 
 
@@ -537,16 +654,17 @@ def _rescore_baseline(run: Run, loop, state: Any, meta: dict) -> dict:
     checkpoint 0 (e.g. its reward raised) must not hand a baseline scored by that reward to the
     rerun that fixed it. The SFT adapter itself does not depend on the reward and is kept."""
     c = run.config
-    ev = evaluate_policy(run, state["lora"] if loop is None else loop.policy_lora(state))
+    policy = state["lora"] if loop is None else loop.policy_lora(state)
+    ev = evaluate_policy(run, policy)
+    val = evaluate_policy(run, policy, split="validation") if run.validation is not None else None
     base = evaluate_policy(run, None) if c.eval.base_model else None
     history = [
-        {"phase": "eval", "step": 0, "wall_s": 0.0, "tokens": 0, "rollouts": 0, **ev}
-        if r["phase"] == "eval" and r["step"] == 0
-        else r
+        {**r, **(val or ev)} if r["phase"] == "eval" and r["step"] == 0 else r
         for r in meta["history"]
     ]
     run.log(f"checkpoint 0: SFT held-out accuracy rescored with this run's reward: {ev['acc']:.3f}")
-    return {**meta, "sft_eval": ev, "base_eval": base, "history": history}
+    extra = {"sft_validation_eval": val} if val is not None else {}
+    return {**meta, "sft_eval": ev, "base_eval": base, "history": history, **extra}
 
 
 def _template(run: Run, loop, key: jax.Array) -> Any:
@@ -597,6 +715,7 @@ def _run_loop(run: Run, loop, state, meta: dict, ckpt: Checkpointer, guard: Pree
     step = int(state.step)
     wall = float(meta["wall_s"])
     tokens = int(meta["tokens"])
+    cpu = float(meta.get("cpu_s", 0.0))  # absent from checkpoints written before it was
     rollouts = int(meta.get("rollouts", 0))  # absent from checkpoints written before it was
     # The loop-clock time of the last held-out evaluation (the SFT start's is at 0): the next one
     # is due `eval.every_seconds` after it, also across a resume.
@@ -608,36 +727,47 @@ def _run_loop(run: Run, loop, state, meta: dict, ckpt: Checkpointer, guard: Pree
             signum = guard.stop_requested()
             if signum:
                 if step != last_saved:
-                    ckpt.save(step, state, _meta(meta, run, wall, tokens, rollouts))
+                    ckpt.save(step, state, _meta(meta, run, wall, tokens, rollouts, cpu))
                     guard.last_checkpoint = step
                 raise Preempted(signum, step, os.path.join(ckpt.directory, str(step)))
             if c.max_wall_seconds and wall >= c.max_wall_seconds:
                 run.log(f"stopping at step {step}: wall-clock budget {c.max_wall_seconds}s reached")
                 break
-            t0 = clock()
+            max_cpu = float(c.get("max_cpu_seconds", 0.0))
+            if max_cpu and cpu >= max_cpu:
+                run.log(f"stopping at step {step}: CPU-time budget {max_cpu}s reached")
+                break
+            t0, c0 = clock(), cpu_clock()
             state, m, n_tokens = loop.step(state)
             jax.block_until_ready(state)
             wall += clock() - t0
+            cpu += cpu_clock() - c0
             tokens += n_tokens
             # Completions generated this step (the loop's count; 0 for a loop that reports none).
             rollouts += int(m.pop("rollouts", 0))
             step += 1
-            axes = {"wall_s": wall, "tokens": tokens, "rollouts": rollouts}
+            axes = {"wall_s": wall, "cpu_s": cpu, "tokens": tokens, "rollouts": rollouts}
             if step % c.log_every == 0 or step == loop.total_steps:
                 run.logger.write("train", step, **axes, **m)
             post = {"reward": m["reward"]}
             if eval_due(c.eval, step, wall, last_eval):
-                ev = evaluate_policy(run, loop.policy_lora(state), step=step, evaluation="periodic")
-                run.logger.write("eval", step, **axes, **ev)
+                ev = evaluate_policy(
+                    run,
+                    loop.policy_lora(state),
+                    step=step,
+                    evaluation="periodic",
+                    split=run.tuning_set,
+                )
+                run.logger.write("eval", step, **axes, load1=load_average(), **ev)
                 post["heldout"] = ev["acc"]
                 last_eval = wall
             progress.update(1, **post)
             if c.checkpoint.every and step % c.checkpoint.every == 0:
-                ckpt.save(step, state, _meta(meta, run, wall, tokens, rollouts))
+                ckpt.save(step, state, _meta(meta, run, wall, tokens, rollouts, cpu))
                 last_saved = guard.last_checkpoint = step
     finally:
         progress.close()
-    meta = _meta(meta, run, wall, tokens, rollouts)
+    meta = _meta(meta, run, wall, tokens, rollouts, cpu)
     if step != last_saved:
         ckpt.save(step, state, meta)
     return state, meta
@@ -652,10 +782,11 @@ def eval_due(ev: Any, step: int, wall: float, last_eval: float) -> bool:
     return by_step or by_time
 
 
-def _meta(meta: dict, run: Run, wall: float, tokens: int, rollouts: int) -> dict:
+def _meta(meta: dict, run: Run, wall: float, tokens: int, rollouts: int, cpu: float) -> dict:
     return {
         **meta,
         "wall_s": wall,
+        "cpu_s": cpu,
         "tokens": tokens,
         "rollouts": rollouts,
         "history": list(run.logger.history),

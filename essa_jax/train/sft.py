@@ -263,8 +263,15 @@ def train_sft(
     remat: bool = False,
     mesh: Mesh | None = None,
     to_params: ToParams | None = None,
+    eval_fn: Callable[[int, Any], float] | None = None,
 ) -> Any:
     """`sft_config.steps` AdamW steps of batch `sft_config.batch_size`; returns the trained LoRA.
+
+    Early stopping (`eval_fn`, with `sft_config.eval_every` > 0): every `eval_every` steps and
+    after the last, `eval_fn(step, lora)` scores a local copy of the LoRA (higher is better: the
+    pipeline's greedy validation accuracy); the LoRA of the best score (ties: the earlier step) is
+    returned, and training ends after `sft_config.patience` (> 0) scores in a row without
+    improvement. Prechelt, "Early stopping - but when?" (1998): keep the best, stop on patience.
 
     The LoRA is trained (and returned) as a float32 master copy (`master_weights`) whatever its
     and the model's dtype; `sft_config.micro_batch_size` (0 = whole batch, absent = 0) splits each
@@ -316,6 +323,10 @@ def train_sft(
         params = place_base(params, mesh, model_config, shard_data=to_params is not None)
         lora, opt_state = on_mesh((lora, opt_state), mesh)
     cursor = init_cursor(len(data), seed)
+    eval_every = int(getattr(sft_config, "eval_every", 0)) if eval_fn is not None else 0
+    patience = int(getattr(sft_config, "patience", 0))
+    best: tuple[float, Any] | None = None
+    since_best = 0
     for step in range(sft_config.steps):
         idx, cursor = next_indices(cursor, batch_size)
         batch = (tokens[idx], mask[idx], loss_mask[idx])
@@ -337,7 +348,24 @@ def train_sft(
         )
         if log_fn is not None:
             log_fn(step + 1, {k: float(v) for k, v in m.items()})
+        if eval_every and ((step + 1) % eval_every == 0 or step + 1 == sft_config.steps):
+            # A copy that the next step's donation cannot delete.
+            local = _local_copy(lora, mesh)
+            score = float(eval_fn(step + 1, local))
+            if best is None or score > best[0]:
+                best, since_best = (score, local), 0
+            else:
+                since_best += 1
+                if patience and since_best >= patience:
+                    break
+    if best is not None:
+        return best[1]
+    return _local_copy(lora, mesh) if mesh is not None else lora
+
+
+def _local_copy(lora: Any, mesh: Mesh | None) -> Any:
+    """A one-device copy of `lora` (from the mesh when there is one): held-out evaluation and the
+    next method's init run on one device."""
     if mesh is not None:
-        # A local copy: held-out evaluation and the next method's init run on one device.
-        lora = jax.tree.map(jnp.asarray, host_copy(lora))
-    return lora
+        return jax.tree.map(jnp.asarray, host_copy(lora))
+    return jax.tree.map(jnp.copy, lora)

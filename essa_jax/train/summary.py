@@ -31,7 +31,17 @@ def make_summary(config, meta: dict, final: dict, pass_k: dict) -> dict[str, Any
         "train_wall_seconds": meta["wall_s"],
         "generated_tokens": meta["tokens"],
         "rollouts": meta.get("rollouts", 0),  # completions the loop generated
+        # The loop's CPU seconds in this process (max_cpu_seconds' clock) and the host's 1-minute
+        # load average when the loop started: a run that shared its core is visible here.
+        "train_cpu_seconds": meta.get("cpu_s", 0.0),
+        "load_at_start": meta.get("load_at_start"),
     }
+    if meta.get("sft_validation_eval"):
+        out["sft_validation_acc"] = meta["sft_validation_eval"]["acc"]
+    if meta.get("sft_validation"):
+        out["sft_early_stopping"] = meta["sft_validation"]
+    if meta.get("sft_init_from"):
+        out["sft_init_from"] = meta["sft_init_from"]
     if meta.get("base_eval"):
         out["base_heldout_acc"] = meta["base_eval"]["acc"]
     before, after = sft.get("solved"), final.get("solved")

@@ -36,6 +36,7 @@ def data_task_config(task, seed: int) -> dict[str, Any]:
         "system_prompt": None if task.system_prompt == DEFAULT_SYSTEM else task.system_prompt,
         "instruction": task.instruction,
         "reward": task.reward or None,
+        "num_validation": int(task.get("num_validation", 0)),
     }
     if is_generated_task(task.name) and not task.path:
         out.update(name=task.name, num_train=task.num_train, num_eval=task.num_heldout)
