@@ -92,6 +92,8 @@ def load_average() -> float:
         return float(os.getloadavg()[0])
     except OSError:
         return float("nan")
+
+
 ACCELERATORS = ("gpu", "tpu", "cuda", "rocm")
 
 
