@@ -295,6 +295,10 @@ def base_config() -> ml_collections.ConfigDict:
     # Completions written per held-out evaluation to <workdir>/eval_samples.jsonl (the first this
     # many problems: prompt, completion, gold answer, reward, step, which evaluation); 0 = none.
     c.eval.samples_to_log = 8
+    # With a validation split: read the held-out (test) set at the end (the final policy's
+    # accuracy, pass@k). False for a study's tuning runs, which are chosen on validation and never
+    # read test: their summary's final accuracy is then the validation one (`final_split`).
+    c.eval.read_test = True
 
     c.checkpoint = ml_collections.ConfigDict()
     c.checkpoint.every = 10  # steps between checkpoints (and at the end); 0 = end only
@@ -600,6 +604,16 @@ def check_fields(config, num_devices: int | None = None, *, model_config: Any = 
     if isinstance(ev.samples_to_log, bool) or not isinstance(ev.samples_to_log, int):
         raise ConfigError("eval.samples_to_log", ev.samples_to_log, "integers >= 0 (0 = none)")
     check_positive("eval.samples_to_log", ev.samples_to_log, allow_zero=True)
+    read_test = ev.get("read_test", True)
+    if not isinstance(read_test, bool):
+        raise ConfigError("eval.read_test", read_test, "True or False")
+    if not read_test and not config.task.get("num_validation", 0):
+        raise ConfigError(
+            "eval.read_test",
+            read_test,
+            "True without a validation split",
+            "set task.num_validation > 0: a run must be scored on some held-out split",
+        )
     check_positive("checkpoint.every", config.checkpoint.every, allow_zero=True)
     check_positive("checkpoint.keep", config.checkpoint.keep)
     check_finite_fields(config)

@@ -584,10 +584,11 @@ def _train_and_evaluate(config, workdir, resume, verbose, allow_config_change, g
     ckpt.close()
 
     t_eval = time.perf_counter()
-    final = _final_eval(run, final_lora, meta)
+    final, final_val = _final_eval(run, final_lora, meta)
     t_pass = time.perf_counter()
-    pass_k = _pass_at_k(run, final_lora) if config.eval.pass_k_samples else {}
-    summary = summary_lib.make_summary(config, meta, final, pass_k)
+    read_test = final is not final_val
+    pass_k = _pass_at_k(run, final_lora) if config.eval.pass_k_samples and read_test else {}
+    summary = summary_lib.make_summary(config, meta, final, pass_k, validation=final_val)
     # This invocation's cost of the end (a reused last periodic evaluation costs ~0): what an
     # experiment's time plan is made from.
     summary["final_eval_seconds"] = t_pass - t_eval
@@ -627,19 +628,30 @@ def _is_main() -> bool:
     return jax.process_index() == 0
 
 
-def _final_eval(run: Run, lora: Any, meta: dict) -> dict[str, Any]:
-    """Held-out accuracy of the final policy: the last periodic eval if it was at the last step,
-    else a fresh one (logged as an eval row at that step). With a validation split the periodic
-    evaluations read validation, so the held-out (test) set is read here, once, and logged as a
-    `test` row (a resumed run that already wrote it reuses it)."""
+def _final_eval(run: Run, lora: Any, meta: dict) -> tuple[dict[str, Any], dict | None]:
+    """(final, validation): held-out accuracy of the final policy: the last periodic eval if it
+    was at the last step, else a fresh one (logged as an eval row at that step). With a
+    validation split the periodic evaluations read validation: `validation` is its evaluation at
+    the last step (periodic or fresh), and the held-out (test) set is read here, once, and logged as
+    a `test` row (a resumed run that already wrote it reuses it); with `eval.read_test` False
+    test is not read and `final` is the validation evaluation."""
     rows = run.logger.history
     train = [r for r in rows if r["phase"] == "train"]
     step = train[-1]["step"] if train else 0
-    phase = "test" if run.validation is not None else "eval"
-    evals = [r for r in rows if r["phase"] == phase]
+    val = None
+    if run.validation is not None:
+        val = _eval_at(run, lora, meta, step, "eval", "validation")
+        if not run.config.eval.get("read_test", True):
+            return val, val
+    return _eval_at(run, lora, meta, step, "test" if val else "eval", "test"), val
+
+
+def _eval_at(run: Run, lora: Any, meta: dict, step: int, phase: str, split: str) -> dict:
+    """The `phase` row of `step` from the history, or a fresh evaluation of `split` logged as one."""
+    evals = [r for r in run.logger.history if r["phase"] == phase]
     if evals and evals[-1]["step"] == step:
         return evals[-1]
-    ev = evaluate_policy(run, lora, step=step, evaluation="final")
+    ev = evaluate_policy(run, lora, step=step, evaluation="final", split=split)
     axes = {
         "wall_s": meta["wall_s"],
         "cpu_s": meta.get("cpu_s", 0.0),

@@ -12,15 +12,24 @@ from essa_jax.evaluation import mcnemar_exact, pass_at_k_values
 SUMMARY_FILE = "summary.json"
 
 
-def make_summary(config, meta: dict, final: dict, pass_k: dict) -> dict[str, Any]:
+def make_summary(
+    config, meta: dict, final: dict, pass_k: dict, validation: dict | None = None
+) -> dict[str, Any]:
     """Held-out accuracy before (SFT) / after with n and 95% CI, wall-clock, tokens, pass@k (with
-    `pass_at_<k>_ci` bootstrap intervals and per-problem `pass_correct` when measured)."""
-    sft = meta["sft_eval"]
+    `pass_at_<k>_ci` bootstrap intervals and per-problem `pass_correct` when measured).
+
+    With a validation split, `validation` is the final policy's validation evaluation
+    (`final_validation_acc`); `final` is the test evaluation, or `validation` itself when the run
+    did not read test (`eval.read_test` False: `final_split` says "validation" and the before /
+    after fields compare the SFT start's and the final policy's validation scores)."""
+    split = "validation" if validation is not None and final is validation else "test"
+    sft = meta["sft_validation_eval"] if split == "validation" else meta["sft_eval"]
     train_rows = [r for r in meta["history"] if r["phase"] == "train"]
     out = {
         "method": config.method,
         "model": config.model.path,
         "task": config.task.name,
+        "final_split": split,
         "heldout_n": final["n"],
         "sft_heldout_acc": sft["acc"],
         "sft_heldout_ci": [sft["ci_low"], sft["ci_high"]],
@@ -36,6 +45,9 @@ def make_summary(config, meta: dict, final: dict, pass_k: dict) -> dict[str, Any
         "train_cpu_seconds": meta.get("cpu_s", 0.0),
         "load_at_start": meta.get("load_at_start"),
     }
+    if validation is not None:
+        out["final_validation_acc"] = validation["acc"]
+        out["final_validation_solved"] = validation.get("solved")
     if meta.get("sft_validation_eval"):
         out["sft_validation_acc"] = meta["sft_validation_eval"]["acc"]
     if meta.get("sft_validation"):

@@ -1,0 +1,365 @@
+"""A study's report from its runs' records: the sweep's choices, every run's curve, the final
+test accuracies with intervals over seeds and problems, time to fixed targets, load flags.
+
+Reads only the small records `runner.sync_records` archives (summary.json, metrics.jsonl,
+run_record.json, run_plan.json), so a report can be rebuilt from a clean checkout.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from essa_jax.study import stats
+from essa_jax.study.runner import RUN_PLAN, RUN_RECORD, SUMMARY, finished, read_json
+from essa_jax.study.spec import RunSpec, center_values, factor_fields, plan_study
+
+
+def _rows(workdir: str) -> list[dict[str, Any]]:
+    from essa_jax.train.metrics import read_metrics
+
+    return read_metrics(workdir)
+
+
+def collect(spec: RunSpec, min_cpu_share: float = 0.9) -> dict[str, Any] | None:
+    """A finished run's record (None while unfinished): the summary's numbers, the validation
+    curve [(step, rollouts, cpu_s, wall_s, acc, load1)], the test evaluation's per-problem
+    outcomes, peak RSS and the flags of a run that shared its core."""
+    wd = spec.workdir
+    if not finished(wd):
+        return None
+    s = read_json(os.path.join(wd, SUMMARY))
+    rows = _rows(wd)
+    evals = [r for r in rows if r["phase"] == "eval"]
+    tests = [r for r in rows if r["phase"] == "test"]
+    curve = [
+        (
+            r["step"],
+            r.get("rollouts", 0),
+            r.get("cpu_s", math.nan),
+            r.get("wall_s", 0.0),
+            r["acc"],
+            r.get("load1", math.nan),
+        )
+        for r in evals
+    ]
+    rec_path = os.path.join(wd, RUN_RECORD)
+    rec = read_json(rec_path) if os.path.exists(rec_path) else {"segments": []}
+    segs = rec.get("segments", [])
+    cpu, wall = s.get("train_cpu_seconds", 0.0), s.get("train_wall_seconds", 0.0)
+    share = cpu / wall if wall else math.nan
+    loads = [c[5] for c in curve if not math.isnan(c[5])]
+    flags = []
+    if wall and share < min_cpu_share:
+        flags.append(f"loop CPU share {share:.2f} < {min_cpu_share} (its core was shared)")
+    if len({seg.get("commit") for seg in segs}) > 1:
+        flags.append("segments at several commits")
+    return {
+        "stage": spec.stage,
+        "task": spec.task,
+        "name": spec.name,
+        "arm": spec.arm,
+        "seed": spec.seed,
+        "factor": spec.factor,
+        "value": spec.value,
+        "workdir": wd,
+        "commit": rec.get("commit"),
+        "overrides": read_json(os.path.join(wd, RUN_PLAN))
+        if os.path.exists(os.path.join(wd, RUN_PLAN))
+        else dict(spec.overrides),
+        "final_split": s.get("final_split", "test"),
+        "test_acc": s["final_heldout_acc"] if s.get("final_split", "test") == "test" else None,
+        "test_solved": tests[-1].get("solved") if tests else None,
+        "validation_acc": s.get("final_validation_acc"),
+        "sft_test_acc": s.get("sft_heldout_acc"),
+        "sft_validation_acc": s.get("sft_validation_acc"),
+        "steps": s.get("steps", 0),
+        "rollouts": s.get("rollouts", 0),
+        "loop_cpu_s": cpu,
+        "loop_wall_s": wall,
+        "cpu_share": share,
+        "load_max": max(loads) if loads else None,
+        "load_at_start": s.get("load_at_start"),
+        "peak_rss_mb": max((seg.get("peak_rss_mb", 0) for seg in segs), default=None),
+        "curve": curve,
+        "pass_at_k": {k: v for k, v in s.items() if k.startswith("pass_at_") and "_ci" not in k},
+        "sft_early_stopping": s.get("sft_early_stopping"),
+        "flags": flags,
+    }
+
+
+def sweep_records(study: Any) -> dict[str, list[dict[str, Any]]]:
+    """arm -> its finished sweep runs' records."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    for spec in plan_study(study):
+        if spec.stage == "sweep":
+            rec = collect(spec, study.min_cpu_share)
+            if rec is not None:
+                out.setdefault(spec.arm, []).append(rec)
+    return out
+
+
+def _score(rec: Mapping[str, Any]) -> tuple[float, float]:
+    """A sweep run's rank: final validation accuracy, ties to the higher mean over its curve."""
+    curve = [c[4] for c in rec["curve"]]
+    return (rec["validation_acc"] or 0.0, float(np.mean(curve)) if curve else 0.0)
+
+
+def choose(study: Any, arm: str, records: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
+    """The arm's chosen value of every sweep factor, or None while its sweep is unfinished: per
+    factor, the best (`_score`) of the center run and the runs that vary that factor."""
+    planned = [s for s in plan_study(study) if s.stage == "sweep" and s.arm == arm]
+    if len(records) < len(planned):
+        return None
+    center = next(r for r in records if not r["factor"])
+    centers = center_values(study, arm)
+    out = {}
+    for factor in dict(study.arms[arm].get("sweep") or {}):
+        cands = [(centers[factor], center)] + [
+            (r["value"], r) for r in records if r["factor"] == factor
+        ]
+        out[factor] = max(cands, key=lambda vr: _score(vr[1]))[0]
+    return out
+
+
+def choices(study: Any) -> dict[str, dict[str, Any]]:
+    """arm -> factor -> chosen value, for every arm whose sweep has finished."""
+    recs = sweep_records(study)
+    out = {}
+    for arm, spec in study.arms.items():
+        if spec.get("sweep"):
+            c = choose(study, arm, recs.get(arm, []))
+            if c is not None:
+                out[arm] = c
+    return out
+
+
+def sweep_summary(study: Any) -> dict[str, Any]:
+    """Per swept arm: every run (factor, value, validation accuracy, mean curve), the choice and
+    whether a chosen numeric value sits at the edge of its grid (then the grid should grow)."""
+    recs = sweep_records(study)
+    out = {}
+    for arm, spec in study.arms.items():
+        sweep = dict(spec.get("sweep") or {})
+        if not sweep:
+            continue
+        rows = [
+            {
+                "factor": r["factor"] or "(center)",
+                "value": r["value"],
+                "validation_acc": r["validation_acc"],
+                "curve_mean": _score(r)[1],
+                "steps": r["steps"],
+                "flags": r["flags"],
+            }
+            for r in recs.get(arm, [])
+        ]
+        chosen = choose(study, arm, recs.get(arm, []))
+        edges = {}
+        if chosen:
+            for factor, values in sweep.items():
+                vals = list(values)
+                numeric = all(isinstance(v, int | float) for v in vals) and len(vals) > 2
+                if numeric:
+                    edges[factor] = chosen[factor] in (min(vals), max(vals))
+        out[arm] = {
+            "factors": {f: list(v) for f, v in sweep.items()},
+            "fields": {f: factor_fields(f) for f in sweep},
+            "runs": rows,
+            "planned": sum(1 for s in plan_study(study) if s.stage == "sweep" and s.arm == arm),
+            "chosen": chosen,
+            "chosen_at_edge": edges,
+        }
+    return out
+
+
+def _targets_reached(rec: Mapping[str, Any], start_val: float, deltas: Sequence[float]) -> dict:
+    """Per target (start + delta): the first validation evaluation at or above it, as (updates,
+    rollouts, CPU seconds), or None."""
+    out = {}
+    for d in deltas:
+        t = start_val + d
+        hit = next((c for c in rec["curve"] if c[4] >= t - 1e-12), None)
+        out[f"+{d:g}"] = (
+            None
+            if hit is None
+            else {"target": t, "updates": hit[0], "rollouts": hit[1], "cpu_s": hit[2]}
+        )
+    return out
+
+
+def build_report(study: Any) -> dict[str, Any]:
+    """The study's report (module docstring): runs, starts, sweeps, per (task, arm) aggregates
+    with hierarchical intervals, pairwise comparisons, time to targets, step ratios and the cost
+    model."""
+    specs = plan_study(study, choices(study))
+    recs = [r for r in (collect(s, study.min_cpu_share) for s in specs) if r is not None]
+    starts = {(r["task"], r["name"]): r for r in recs if r["stage"] == "start"}
+    finals = [r for r in recs if r["stage"] == "final"]
+    start_of = {}
+    for s in specs:
+        if s.stage == "final":
+            start_of[(s.task, s.arm)] = next(
+                (starts.get((s.task, os.path.basename(os.path.dirname(w)))) for w in s.after), None
+            )
+    aggregates: dict[str, dict[str, Any]] = {}
+    for task in study.tasks:
+        for arm in study.arms:
+            rs = sorted(
+                (r for r in finals if r["task"] == task and r["arm"] == arm),
+                key=lambda r: r["seed"],
+            )
+            if not rs:
+                continue
+            start = start_of.get((task, arm))
+            solved = [r["test_solved"] for r in rs if r["test_solved"]]
+            agg: dict[str, Any] = {
+                "seeds": [r["seed"] for r in rs],
+                "test_acc": [r["test_acc"] for r in rs],
+                "test_mean": float(np.mean([r["test_acc"] for r in rs])),
+                "steps": [r["steps"] for r in rs],
+                "rollouts": [r["rollouts"] for r in rs],
+                "loop_cpu_s": [r["loop_cpu_s"] for r in rs],
+                "peak_rss_mb": [r["peak_rss_mb"] for r in rs],
+                "flags": {r["seed"]: r["flags"] for r in rs if r["flags"]},
+            }
+            if solved:
+                agg["test_ci_hierarchical"] = stats.hierarchical_bootstrap(solved)
+            if start is not None:
+                agg["start"] = {
+                    "workdir": start["workdir"],
+                    "test_acc": start["test_acc"],
+                    "validation_acc": start["validation_acc"],
+                }
+                if solved and start["test_solved"]:
+                    agg["vs_start_hierarchical"] = stats.hierarchical_bootstrap(
+                        solved, [start["test_solved"]]
+                    )
+                    agg["vs_start_mcnemar_per_seed"] = stats.per_seed_mcnemar(
+                        solved, [start["test_solved"]] * len(solved)
+                    )
+                if start["validation_acc"] is not None:
+                    agg["time_to_target"] = {
+                        r["seed"]: _targets_reached(r, start["validation_acc"], study.targets)
+                        for r in rs
+                    }
+            agg["pass_at_k_mean"] = _mean_dicts([r["pass_at_k"] for r in rs])
+            aggregates.setdefault(task, {})[arm] = agg
+    comparisons = []
+    for task in study.tasks:
+        for a, b in study.compare:
+            ra = sorted((r for r in finals if r["task"] == task and r["arm"] == a), key=_seed)
+            rb = sorted((r for r in finals if r["task"] == task and r["arm"] == b), key=_seed)
+            sa = [r["test_solved"] for r in ra if r["test_solved"]]
+            sb = [r["test_solved"] for r in rb if r["test_solved"]]
+            if not sa or not sb:
+                continue
+            comp = {
+                "task": task,
+                "a": a,
+                "b": b,
+                "difference_hierarchical": stats.hierarchical_bootstrap(sa, sb),
+                "difference_problems_only": stats.problem_bootstrap(sa, sb),
+                "welch_seed_means": stats.seed_mean_test(
+                    [r["test_acc"] for r in ra], [r["test_acc"] for r in rb]
+                ),
+            }
+            if len(sa) == len(sb):
+                comp["mcnemar_per_seed"] = stats.per_seed_mcnemar(sa, sb)
+            comparisons.append(comp)
+    return {
+        "study": study.name,
+        "budget_cpu_s": study.budget,
+        "sweep_budget_cpu_s": study.sweep_budget,
+        "seeds": list(study.seeds),
+        "targets": list(study.targets),
+        "starts": {f"{t}/{n}": _start_view(r) for (t, n), r in starts.items()},
+        "sweeps": sweep_summary(study),
+        "aggregates": aggregates,
+        "comparisons": comparisons,
+        "step_ratios": step_ratios(study, aggregates),
+        "runs": recs,
+        "flagged_runs": [r["workdir"] for r in recs if r["flags"]],
+        "unfinished": [s.workdir for s in specs if not finished(s.workdir)],
+    }
+
+
+def _seed(r: Mapping[str, Any]) -> int:
+    return r["seed"]
+
+
+def _start_view(r: Mapping[str, Any]) -> dict[str, Any]:
+    return {
+        "workdir": r["workdir"],
+        "test_acc": r["test_acc"],
+        "validation_acc": r["validation_acc"],
+        "early_stopping": r["sft_early_stopping"],
+        "overrides": r["overrides"],
+    }
+
+
+def _mean_dicts(ds: Sequence[Mapping[str, float]]) -> dict[str, float]:
+    keys = set.intersection(*(set(d) for d in ds)) if ds else set()
+    return {k: float(np.mean([d[k] for d in ds])) for k in sorted(keys)}
+
+
+def step_ratios(study: Any, aggregates: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """Per task and target: updates to the target of the gradient arm over the ES arm's (mean over
+    the seeds that reached it; None when either never did), and the cost model's predicted
+    speedups at 16 and 128 GPUs from that measured ratio (`compare_with_paper`, per-step times
+    of the paper-scale configs from `study.scaling_results`)."""
+    if len(study.step_ratio_arms) != 2:
+        return {}
+    es, grad = study.step_ratio_arms
+    per_step = _paper_step_times(study.scaling_results)
+    out: dict[str, Any] = {}
+    for task, arms in aggregates.items():
+        if es not in arms or grad not in arms:
+            continue
+        rows = {}
+        for d in study.targets:
+            key = f"+{d:g}"
+            ue = _mean_reached(arms[es].get("time_to_target", {}), key)
+            ug = _mean_reached(arms[grad].get("time_to_target", {}), key)
+            row: dict[str, Any] = {"es_updates": ue, "grad_updates": ug}
+            if ue and ug:
+                row["step_ratio"] = ug["updates"] / ue["updates"]
+                if per_step is not None:
+                    from essa_jax.scaling import compare_with_paper
+
+                    row["cost_model"] = compare_with_paper(
+                        per_step["essa"], per_step["grpo_full"], step_ratio=row["step_ratio"]
+                    )
+            rows[key] = row
+        out[task] = rows
+    return out
+
+
+def _mean_reached(ttt: Mapping[Any, Mapping[str, Any]], key: str) -> dict[str, Any] | None:
+    hits = [v[key] for v in ttt.values() if v.get(key)]
+    if not hits:
+        return None
+    return {
+        "updates": float(np.mean([h["updates"] for h in hits])),
+        "cpu_s": float(np.mean([h["cpu_s"] for h in hits])),
+        "rollouts": float(np.mean([h["rollouts"] for h in hits])),
+        "seeds_reached": len(hits),
+        "seeds": len(ttt),
+    }
+
+
+def _paper_step_times(path: str) -> dict[str, dict[int, float]] | None:
+    """{"essa": {gpus: s}, "grpo_full": {gpus: s}} of the cost model's rows in `path`."""
+    if not path or not os.path.exists(path):
+        return None
+    rows = read_json(path).get("cost_model") or []
+    if not rows:
+        return None
+    return {
+        "essa": {int(r["gpus"]): float(r["essa_s"]) for r in rows},
+        "grpo_full": {int(r["gpus"]): float(r["grpo_full_s"]) for r in rows},
+    }

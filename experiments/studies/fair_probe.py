@@ -1,0 +1,78 @@
+"""The fair verdict's first probe (issue #41): the cheapest test of the largest bias.
+
+ESSA and full-parameter GRPO at today's settings (#32's: ESSA 16 x 16, sigma_0 2, alpha 0.25,
+mirrored; full GRPO AdamW lr 1e-5 from #32's sweep), but from a *converged* SFT start (early-stopped
+on a validation split, at most one epoch) instead of #32's 2-step one; 3 search seeds; 900 CPU
+seconds of loop per run (the process's own CPU time on its pinned core); validation every 150 s;
+the test set (the same 200 held-out problems as #32) read once per run.
+
+    python -m essa_jax.study --study experiments/studies/fair_probe.py --dry_run
+    nohup python -m essa_jax.study --study experiments/studies/fair_probe.py --jobs 2 \
+        > runs/fair_probe.log 2>&1 &
+"""
+
+UNBOUNDED = 1_000_000  # generations / steps: the CPU budget ends the loop
+ESSA = "experiments/configs/essa_smollm2_arith.py"
+GRPO = "experiments/configs/grpo_smollm2_arith.py"
+
+
+def get_study():
+    s: dict = {}
+    s["name"] = "fair_probe"
+    s["out"] = "runs/fair_verdict"  # shared with the full study: one converged start per task
+    s["archive"] = "experiments/results/fair_verdict_runs"
+    s["results"] = "experiments/results/fair_probe.json"
+    s["seeds"] = (0, 1, 2)
+    s["budget"] = 900.0
+    s["eval_seconds"] = 150.0
+    s["num_validation"] = 200
+    s["common"] = {
+        "eval.base_model": False,
+        "eval.pass_k_samples": 64,
+        "eval.pass_k": (1, 2, 4, 8, 16, 32, 64),
+        "eval.pass_k_problems": 20,
+        # A stopped run loses at most 20 steps; one kept (a full-parameter one is 1.6 GB).
+        "checkpoint.every": 20,
+        "checkpoint.keep": 1,
+    }
+    # Greedy answers of up to 3 digits + EOS; 5 tokens for every method (compare_methods' TASKS).
+    s["tasks"] = {
+        "sub_2d": {
+            "task.name": "sub_2d",
+            "task.prompt_format": "prefill",
+            "generation.max_new_tokens": 5,
+        },
+    }
+    s["starts"] = {
+        # One epoch of 2000 problems at batch 16 at most; validation every 10 steps; stop after
+        # 3 evaluations without a new best; the best is kept.
+        "converged": {
+            "config": ESSA,
+            "overrides": {
+                "sft.steps": 125,
+                "sft.eval_every": 10,
+                "sft.patience": 3,
+                "checkpoint.every": 0,
+            },
+        },
+    }
+    s["arms"] = {
+        "essa_today": {
+            "config": ESSA,
+            "start": "converged",
+            "overrides": {"essa.generations": UNBOUNDED},
+        },
+        "grpo_full_today": {
+            "config": GRPO,
+            "start": "converged",
+            "overrides": {
+                "grpo.steps": UNBOUNDED,
+                "train.params": "full",
+                "train.sft_params": "lora",
+                "grpo.learning_rate": 1e-5,
+            },
+        },
+    }
+    s["compare"] = (("essa_today", "grpo_full_today"),)
+    s["step_ratio_arms"] = ("essa_today", "grpo_full_today")
+    return s
