@@ -1,8 +1,9 @@
 """A study as a config file: tasks x SFT starts x arms x seeds, with an equal-effort sweep per arm.
 
 A study file defines `get_study()` returning a dict (the schema is `study_defaults`: override
-dicts hold dotted config field names, which ConfigDict keys cannot); `plan_study` turns it into `RunSpec`s, each one `python -m essa_jax.main` run
-in its own workdir, in three stages that depend on each other:
+dicts hold dotted config field names, which ConfigDict keys cannot); `plan_study` turns it into
+`RunSpec`s, each one `python -m essa_jax.main` run in its own workdir, in three stages that
+depend on each other:
 
 1. **start**: one SFT run per (task, start, SFT-shaping fields such as `lora.rank`), method "sft",
    early-stopped on the validation split; its `adapter/` is every later run's `sft.init_from`, so
@@ -29,7 +30,6 @@ import json
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any
-
 
 # Overrides that shape the SFT model: an arm (or a sweep value) that sets one of them needs a start
 # trained with it (e.g. lora.rank 8 needs a rank-8 SFT adapter).
