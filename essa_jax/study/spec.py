@@ -24,6 +24,7 @@ final: `<arm>`). Everything here is pure planning: `essa_jax.study.runner` runs 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import importlib.util
 import json
@@ -174,13 +175,36 @@ def factor_overrides(factor: str, value: Any) -> dict[str, Any]:
     return dict(zip(fields, value, strict=True))
 
 
-def _shape_key(overrides: Mapping[str, Any]) -> str:
-    """The part of a run's overrides that shapes its SFT start, as a short stable name ("" when
-    none is set)."""
-    shape = {k: overrides[k] for k in START_FIELDS if k in overrides}
-    if not shape:
+@functools.cache
+def _config_shape(config_path: str) -> dict[str, Any]:
+    """The START_FIELDS of a config file as it stands (no overrides)."""
+    from essa_jax.config import load_config_file
+
+    c = load_config_file(config_path)
+    return {k: _get(c, k) for k in START_FIELDS}
+
+
+def _get(config: Any, dotted: str) -> Any:
+    for part in dotted.split("."):
+        config = config[part]
+    return tuple(config) if isinstance(config, list | tuple) else config
+
+
+def _shape(config_path: str, overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """The SFT-shaping fields (START_FIELDS) a run with these overrides resolves to."""
+    shape = dict(_config_shape(config_path))
+    for k in START_FIELDS:
+        if k in overrides:
+            v = overrides[k]
+            shape[k] = tuple(v) if isinstance(v, list | tuple) else v
+    return shape
+
+
+def _shape_key(shape: Mapping[str, Any], default: Mapping[str, Any]) -> str:
+    """A short stable name of `shape` where it differs from the start's `default` ("" when not)."""
+    if dict(shape) == dict(default):
         return ""
-    text = json.dumps(shape, sort_keys=True, default=list)
+    text = json.dumps(dict(sorted(shape.items())), default=list)
     return hashlib.sha1(text.encode()).hexdigest()[:8]
 
 
@@ -208,18 +232,19 @@ def plan_study(study: Any, chosen: Mapping[str, Mapping[str, Any]] | None = None
     starts: dict[tuple[str, str, str], RunSpec] = {}
     sweep_task = study.sweep_task or next(iter(study.tasks))
 
-    def start_for(task: str, start: str, shape_ov: Mapping[str, Any]) -> RunSpec | None:
+    def start_for(task: str, start: str, shape: Mapping[str, Any]) -> RunSpec | None:
         if not start:
             return None
-        key = (task, start, _shape_key(shape_ov))
+        spec = study.starts[start]
+        default = _shape(spec["config"], _plain(spec.get("overrides")))
+        key = (task, start, _shape_key(shape, default))
         if key not in starts:
-            spec = study.starts[start]
             name = f"sft_{start}" + (f"_{key[2]}" if key[2] else "")
             # `common` is the loop runs' (budgets, pass@k, checkpoints): a start sets its own.
             ov = {
                 **_plain(study.tasks[task]),
                 **_plain(spec.get("overrides")),
-                **{k: v for k, v in shape_ov.items() if k in START_FIELDS},
+                **{k: v for k, v in shape.items() if v != default[k]},
                 "method": "sft",
                 "seed": int(study.config_seed),
                 "task.num_validation": int(study.num_validation),
@@ -253,7 +278,7 @@ def plan_study(study: Any, chosen: Mapping[str, Mapping[str, Any]] | None = None
             "eval.every_seconds": float(study.eval_seconds),
             "eval.read_test": stage == "final",
         }
-        start = start_for(task, spec.get("start", ""), ov)
+        start = start_for(task, spec.get("start", ""), _shape(spec["config"], ov))
         after: tuple[str, ...] = ()
         if start is not None:
             ov["sft.init_from"] = os.path.join(start.workdir, "adapter")

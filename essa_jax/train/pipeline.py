@@ -647,7 +647,7 @@ def _final_eval(run: Run, lora: Any, meta: dict) -> tuple[dict[str, Any], dict |
 
 
 def _eval_at(run: Run, lora: Any, meta: dict, step: int, phase: str, split: str) -> dict:
-    """The `phase` row of `step` from the history, or a fresh evaluation of `split` logged as one."""
+    """The `phase` row of `step` from the history, else a fresh evaluation of `split` logged so."""
     evals = [r for r in run.logger.history if r["phase"] == phase]
     if evals and evals[-1]["step"] == step:
         return evals[-1]

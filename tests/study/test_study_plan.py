@@ -1,0 +1,191 @@
+"""Planning, scheduling and archiving of a study (essa_jax.study.spec / runner / report) on
+fake runs: which runs exist, in what order they may run, what the sweep chooses."""
+
+import json
+import os
+import textwrap
+import threading
+
+import pytest
+
+from essa_jax.study import check_equal_effort, load_study, plan_study, schedule, sync_records
+from essa_jax.study.report import choose, sweep_summary
+from essa_jax.study.runner import check_plan
+from essa_jax.study.spec import center_values
+
+CONFIGS = os.path.join(os.path.dirname(__file__), "..", "..", "experiments", "configs")
+ESSA = os.path.abspath(os.path.join(CONFIGS, "essa_smollm2_arith.py"))  # rank 4
+GRPO = os.path.abspath(os.path.join(CONFIGS, "grpo_smollm2_arith.py"))
+STUDY = """
+def get_study():
+    return {
+        "name": "t",
+        "out": OUT,
+        "seeds": (0, 1),
+        "tasks": {"sub_2d": {"task.name": "sub_2d"}, "add_2d": {"task.name": "add_2d"}},
+        "starts": {"conv": {"config": ESSA, "overrides": {"sft.steps": 5}}},
+        "arms": {
+            "essa": {
+                "config": ESSA,
+                "start": "conv",
+                "overrides": {"essa.sigma_init": 1.0},
+                "sweep": {
+                    "essa.sigma_init": (0.5, 1.0, 2.0),
+                    "lora.rank": (4, 8),
+                    "essa.population_size,essa.prompts_per_candidate": ((24, 64), (48, 32)),
+                },
+            },
+            "grpo": {
+                "config": GRPO,
+                "start": "conv",
+                "sweep": {"grpo.learning_rate": (1e-6, 1e-5, 1e-4, 1e-3, 3e-3)},
+            },
+        },
+        "sweep_runs": SWEEP_RUNS,
+    }
+"""
+
+
+def _study(tmp_path, sweep_runs=5):
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    path = tmp_path / "study.py"
+    out = str(tmp_path / "runs")
+    path.write_text(
+        textwrap.dedent(STUDY)
+        .replace("OUT", repr(out))
+        .replace("ESSA", repr(ESSA))
+        .replace("GRPO", repr(GRPO))
+        .replace("SWEEP_RUNS", str(sweep_runs))
+    )
+    return load_study(str(path))
+
+
+def test_plan_stages_starts_and_equal_effort(tmp_path):
+    study = _study(tmp_path)
+    runs = plan_study(study)
+    by_stage = {st: [r for r in runs if r.stage == st] for st in ("start", "sweep", "final")}
+    # Sweeps undecided: no final runs yet.
+    assert not by_stage["final"]
+    # ESSA: center + 2 sigma + 1 rank + 1 joint = 5; GRPO: center (1e-6) + 4 = 5.
+    assert check_equal_effort(study, runs) == {"essa": 5, "grpo": 5}
+    # The rank-8 sweep run needs a rank-8 start: two starts on the sweep task.
+    starts = by_stage["start"]
+    assert len(starts) == 2 and {s.task for s in starts} == {"sub_2d"}
+    rank8 = next(r for r in by_stage["sweep"] if r.factor == "lora.rank")
+    assert rank8.overrides["lora.rank"] == 8
+    assert rank8.overrides["sft.init_from"].startswith(rank8.after[0])
+    start8 = next(s for s in starts if s.workdir == rank8.after[0])
+    assert start8.overrides["lora.rank"] == 8 and start8.overrides["method"] == "sft"
+    joint = next(r for r in by_stage["sweep"] if "," in r.factor)
+    # The arm does not set the joint factor: its first value (24 x 64) is the center run's.
+    assert (joint.overrides["essa.population_size"], joint.value) == (48, (48, 32))
+    assert joint.overrides["essa.prompts_per_candidate"] == 32
+    center = next(r for r in by_stage["sweep"] if r.arm == "essa" and not r.factor)
+    assert center.overrides["essa.population_size"] == 24 and center.after == (starts[0].workdir,)
+    for r in by_stage["sweep"]:
+        assert r.overrides["eval.read_test"] is False  # tuning never reads test
+        assert r.overrides["task.num_validation"] == 200
+    assert center_values(study, "essa")["essa.sigma_init"] == 1.0
+    assert center_values(study, "grpo")["grpo.learning_rate"] == 1e-6
+    with pytest.raises(ValueError, match="equal tuning effort"):
+        check_equal_effort(_study(tmp_path, sweep_runs=6), runs)
+
+
+def _finish(wd, summary=None, metrics=()):
+    os.makedirs(wd, exist_ok=True)
+    with open(os.path.join(wd, "metrics.jsonl"), "w") as f:
+        for row in metrics:
+            f.write(json.dumps(row) + "\n")
+    with open(os.path.join(wd, "summary.json"), "w") as f:
+        json.dump(summary or {"final_heldout_acc": 0.0}, f)
+
+
+def _sweep_record(value_acc):
+    return {
+        "final_heldout_acc": value_acc,
+        "final_split": "validation",
+        "final_validation_acc": value_acc,
+        "train_cpu_seconds": 10.0,
+        "train_wall_seconds": 10.0,
+    }
+
+
+def test_choices_decide_the_final_runs(tmp_path):
+    study = _study(tmp_path)
+    accs = {1e-6: 0.3, 1e-5: 0.5, 1e-4: 0.6, 1e-3: 0.55, 3e-3: 0.0}
+    for r in plan_study(study):
+        if r.stage == "sweep" and r.arm == "grpo":
+            value = r.value if r.factor else 1e-6
+            _finish(r.workdir, _sweep_record(accs[value]))
+    summary = sweep_summary(study)["grpo"]
+    assert summary["chosen"] == {"grpo.learning_rate": 1e-4}
+    assert summary["chosen_at_edge"] == {"grpo.learning_rate": False}
+    finals = [r for r in plan_study(study, {"grpo": summary["chosen"]}) if r.stage == "final"]
+    assert len(finals) == 2 * 2  # two tasks x two seeds
+    assert {r.overrides["grpo.learning_rate"] for r in finals} == {1e-4}
+    assert all(r.overrides["eval.read_test"] is True for r in finals)
+    # An unfinished sweep decides nothing.
+    assert choose(study, "essa", []) is None
+
+
+def test_schedule_respects_dependencies_and_stops_on_failure(tmp_path):
+    study = _study(tmp_path)
+    runs = [r for r in plan_study(study) if r.arm in ("", "grpo")]
+    order, lock = [], threading.Lock()
+
+    def run_one(spec, core):
+        assert all(os.path.exists(os.path.join(w, "summary.json")) for w in spec.after)
+        with lock:
+            order.append((spec.stage, core))
+        _finish(spec.workdir)
+        return 0
+
+    ran = schedule(runs, [0, 1], run_one, log=lambda m: None)
+    assert len(ran) == len([r for r in runs]) and order[0][0] == "start"
+    assert schedule(runs, [0, 1], run_one, log=lambda m: None) == []  # all finished
+
+    study2 = _study(tmp_path / "b")
+    runs2 = [r for r in plan_study(study2) if r.arm in ("", "grpo")]
+    with pytest.raises(SystemExit, match="a study run failed"):
+        schedule(runs2, [0], lambda s, c: 1, log=lambda m: None)
+
+
+def test_sync_records_round_trip_and_plan_check(tmp_path):
+    src, dst = tmp_path / "out", tmp_path / "archive"
+    wd = src / "sub_2d" / "sft_conv" / "seed0"
+    _finish(str(wd), metrics=[{"phase": "eval", "step": 0, "acc": 0.5}])
+    (wd / "adapter").mkdir()
+    (wd / "adapter" / "adapter_config.json").write_text("{}")
+    (wd / "checkpoints").mkdir()  # never archived
+    (src / "unfinished").mkdir()
+    assert sync_records(str(src), str(dst)) == ["sub_2d/sft_conv/seed0"]
+    copied = dst / "sub_2d" / "sft_conv" / "seed0"
+    assert (copied / "adapter" / "adapter_config.json").exists()
+    assert not (copied / "checkpoints").exists() and not (dst / "unfinished").exists()
+    assert sync_records(str(src), str(dst)) == []  # a finished run is archived once
+    fresh = tmp_path / "fresh"
+    assert sync_records(str(dst), str(fresh)) == ["sub_2d/sft_conv/seed0"]
+
+    study = _study(tmp_path / "c")
+    spec = plan_study(study)[0]
+    check_plan(spec)
+    import dataclasses
+
+    changed = dataclasses.replace(spec, overrides={**spec.overrides, "sft.steps": 6})
+    with pytest.raises(SystemExit, match="started with other settings"):
+        check_plan(changed)
+
+
+def test_study_file_errors(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text(
+        "def get_study():\n    return {'name': 'x', 'tasks': {'a': {}}, "
+        "'arms': {'e': {'config': 'c', 'start': 'nope'}}}\n"
+    )
+    with pytest.raises(ValueError, match="starts from 'nope'"):
+        load_study(str(bad))
+    bad.write_text("def get_study():\n    return {'name': 'x', 'budjet': 1}\n")
+    with pytest.raises(ValueError, match="unknown study fields \\['budjet'\\]"):
+        load_study(str(bad))
+    with pytest.raises(ValueError, match="does not exist"):
+        load_study(str(tmp_path / "missing.py"))
