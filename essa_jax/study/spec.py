@@ -209,17 +209,23 @@ def _shape_key(shape: Mapping[str, Any], default: Mapping[str, Any]) -> str:
 
 
 def center_values(study: Any, arm: str) -> dict[str, Any]:
-    """Each sweep factor's value at the arm's own settings (its overrides, else its first listed
+    """Each sweep factor's value at the arm's own settings (its overrides, else its config file's
     value): the center run of the one-factor-at-a-time design."""
+    from essa_jax.config import load_config_file
+
     spec = study.arms[arm]
     ov = _plain(spec.get("overrides"))
+    config = None
     out = {}
-    for factor, values in _plain(spec.get("sweep")).items():
-        fields = factor_fields(factor)
-        if all(f in ov for f in fields):
-            out[factor] = ov[fields[0]] if len(fields) == 1 else tuple(ov[f] for f in fields)
-        else:
-            out[factor] = values[0]
+    for factor in _plain(spec.get("sweep")):
+        values = []
+        for field in factor_fields(factor):
+            if field in ov:
+                values.append(ov[field])
+                continue
+            config = config if config is not None else load_config_file(spec["config"])
+            values.append(_get(config, field))
+        out[factor] = values[0] if len(values) == 1 else tuple(values)
     return out
 
 

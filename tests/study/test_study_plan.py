@@ -28,7 +28,11 @@ def get_study():
             "essa": {
                 "config": ESSA,
                 "start": "conv",
-                "overrides": {"essa.sigma_init": 1.0},
+                "overrides": {
+                    "essa.sigma_init": 1.0,
+                    "essa.population_size": 24,
+                    "essa.prompts_per_candidate": 64,
+                },
                 "sweep": {
                     "essa.sigma_init": (0.5, 1.0, 2.0),
                     "lora.rank": (4, 8),
@@ -66,7 +70,7 @@ def test_plan_stages_starts_and_equal_effort(tmp_path):
     by_stage = {st: [r for r in runs if r.stage == st] for st in ("start", "sweep", "final")}
     # Sweeps undecided: no final runs yet.
     assert not by_stage["final"]
-    # ESSA: center + 2 sigma + 1 rank + 1 joint = 5; GRPO: center (1e-6) + 4 = 5.
+    # ESSA: center + 2 sigma + 1 rank + 1 joint = 5; GRPO: center (1e-4) + 4 = 5.
     assert check_equal_effort(study, runs) == {"essa": 5, "grpo": 5}
     # The rank-8 sweep run needs a rank-8 start: two starts on the sweep task.
     starts = by_stage["start"]
@@ -77,7 +81,7 @@ def test_plan_stages_starts_and_equal_effort(tmp_path):
     start8 = next(s for s in starts if s.workdir == rank8.after[0])
     assert start8.overrides["lora.rank"] == 8 and start8.overrides["method"] == "sft"
     joint = next(r for r in by_stage["sweep"] if "," in r.factor)
-    # The arm does not set the joint factor: its first value (24 x 64) is the center run's.
+    # The arm sets the joint factor to 24 x 64: the center run.
     assert (joint.overrides["essa.population_size"], joint.value) == (48, (48, 32))
     assert joint.overrides["essa.prompts_per_candidate"] == 32
     center = next(r for r in by_stage["sweep"] if r.arm == "essa" and not r.factor)
@@ -86,7 +90,8 @@ def test_plan_stages_starts_and_equal_effort(tmp_path):
         assert r.overrides["eval.read_test"] is False  # tuning never reads test
         assert r.overrides["task.num_validation"] == 200
     assert center_values(study, "essa")["essa.sigma_init"] == 1.0
-    assert center_values(study, "grpo")["grpo.learning_rate"] == 1e-6
+    # Not set by the arm: the config file's own value (grpo_smollm2_arith.py: lr 1e-4).
+    assert center_values(study, "grpo")["grpo.learning_rate"] == 1e-4
     with pytest.raises(ValueError, match="equal tuning effort"):
         check_equal_effort(_study(tmp_path, sweep_runs=6), runs)
 
@@ -115,7 +120,7 @@ def test_choices_decide_the_final_runs(tmp_path):
     accs = {1e-6: 0.3, 1e-5: 0.5, 1e-4: 0.6, 1e-3: 0.55, 3e-3: 0.0}
     for r in plan_study(study):
         if r.stage == "sweep" and r.arm == "grpo":
-            value = r.value if r.factor else 1e-6
+            value = r.value if r.factor else 1e-4
             _finish(r.workdir, _sweep_record(accs[value]))
     summary = sweep_summary(study)["grpo"]
     assert summary["chosen"] == {"grpo.learning_rate": 1e-4}
