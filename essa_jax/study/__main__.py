@@ -38,6 +38,10 @@ def write_report(study) -> dict:
         "python": platform.python_version(),
     }
     write_json(study.results, payload)
+    from essa_jax.study.report import format_tables, plot
+
+    plot(payload, os.path.splitext(study.results)[0] + ".png")
+    print(format_tables(payload), flush=True)
     print(
         f"report: {study.results} ({len(payload['runs'])} finished runs, "
         f"{len(payload['unfinished'])} unfinished)",

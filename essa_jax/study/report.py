@@ -363,3 +363,141 @@ def _paper_step_times(path: str) -> dict[str, dict[int, float]] | None:
         "essa": {int(r["gpus"]): float(r["essa_s"]) for r in rows},
         "grpo_full": {int(r["gpus"]): float(r["grpo_full_s"]) for r in rows},
     }
+
+
+def _fmt(v: Any, spec: str = ".3f") -> str:
+    return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, spec)
+
+
+def format_tables(payload: Mapping[str, Any]) -> str:
+    """The report's tables as text: starts, sweeps, final test accuracy per arm with its
+    hierarchical interval (seeds, then problems), comparisons (hierarchical and problems-only
+    intervals, Welch over seed means, per-seed McNemar p), time to targets and step ratios."""
+    out = []
+    for name, st in payload["starts"].items():
+        es = st.get("early_stopping") or {}
+        out.append(
+            f"start {name}: validation {_fmt(st['validation_acc'])}, test {_fmt(st['test_acc'])}"
+            + (f", best SFT step {es.get('best_step')} of {es.get('steps_run')}" if es else "")
+        )
+    for arm, sw in payload["sweeps"].items():
+        out.append(
+            f"sweep {arm} ({len(sw['runs'])}/{sw['planned']} runs): chosen {sw['chosen']}"
+            + (f", at grid edge: {sw['chosen_at_edge']}" if sw["chosen_at_edge"] else "")
+        )
+        for r in sw["runs"]:
+            out.append(
+                f"    {r['factor']}={r['value']}: validation {_fmt(r['validation_acc'])}"
+                f" (curve mean {_fmt(r['curve_mean'])}, {r['steps']} updates)"
+            )
+    out.append("")
+    out.append(
+        "final test accuracy, mean over seeds [95% hierarchical bootstrap: seeds, then "
+        "problems]; per-seed values; updates; loop CPU s"
+    )
+    for task, arms in payload["aggregates"].items():
+        for arm, a in arms.items():
+            ci = a.get("test_ci_hierarchical") or {}
+            vs = a.get("vs_start_hierarchical") or {}
+            out.append(
+                f"  {task:<12} {arm:<18} {_fmt(a['test_mean'])} [{_fmt(ci.get('low'))}, "
+                f"{_fmt(ci.get('high'))}]  seeds {[round(x, 3) for x in a['test_acc']]}  "
+                f"updates {a['steps']}  cpu {[round(x) for x in a['loop_cpu_s']]}"
+                + (
+                    f"  vs start {vs['estimate']:+.3f} [{vs['low']:+.3f}, {vs['high']:+.3f}]"
+                    if vs
+                    else ""
+                )
+                + (f"  FLAGGED {a['flags']}" if a["flags"] else "")
+            )
+    if payload["comparisons"]:
+        out.append("")
+        out.append(
+            "differences a - b on test: hierarchical [seeds, problems] | problems only | "
+            "Welch over seed means | exact McNemar p per seed"
+        )
+    for c in payload["comparisons"]:
+        h, p, w = c["difference_hierarchical"], c["difference_problems_only"], c["welch_seed_means"]
+        mc = [round(m["p_value"], 3) for m in c.get("mcnemar_per_seed", [])]
+        out.append(
+            f"  {c['task']:<12} {c['a']} - {c['b']}: {h['estimate']:+.3f} [{h['low']:+.3f}, "
+            f"{h['high']:+.3f}] | [{p['low']:+.3f}, {p['high']:+.3f}] | t = {_fmt(w['t'], '.2f')},"
+            f" df = {_fmt(w['df'], '.1f')}, p = {_fmt(w['p'], '.3f')} | {mc}"
+        )
+    for task, rows in payload.get("step_ratios", {}).items():
+        out.append("")
+        out.append(f"time to target on {task} (validation; mean over the seeds that reached it)")
+        for key, r in rows.items():
+            e, g = r["es_updates"], r["grad_updates"]
+
+            def cell(x):
+                if not x:
+                    return "not reached"
+                return (
+                    f"{x['updates']:.0f} updates, {x['cpu_s']:.0f} CPU s "
+                    f"({x['seeds_reached']}/{x['seeds']} seeds)"
+                )
+
+            cm = r.get("cost_model") or {}
+            out.append(
+                f"  {key}: ES {cell(e)}; gradient {cell(g)}"
+                + (
+                    f"; step ratio {r['step_ratio']:.2f} -> predicted speedup "
+                    f"{cm.get('predicted_speedup_16', math.nan):.2f}x at 16 GPUs, "
+                    f"{cm.get('predicted_speedup_128', math.nan):.2f}x at 128"
+                    if cm
+                    else ""
+                )
+            )
+    return "\n".join(out)
+
+
+def plot(payload: Mapping[str, Any], path: str) -> str:
+    """Validation accuracy against loop CPU seconds and against updates, one line per final run
+    (colour per arm), and each arm's final test accuracy with its hierarchical interval."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    tasks = list(payload["aggregates"])
+    if not tasks:
+        return ""
+    fig, axes = plt.subplots(len(tasks), 3, figsize=(15, 4 * len(tasks)), squeeze=False)
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for row, task in enumerate(tasks):
+        arms = list(payload["aggregates"][task])
+        for r in payload["runs"]:
+            if r["stage"] != "final" or r["task"] != task:
+                continue
+            col = colors[arms.index(r["arm"]) % len(colors)]
+            xs_cpu = [c[2] for c in r["curve"]]
+            xs_upd = [c[0] for c in r["curve"]]
+            ys = [c[4] for c in r["curve"]]
+            label = r["arm"] if r["seed"] == payload["seeds"][0] else None
+            axes[row, 0].plot(xs_cpu, ys, color=col, marker="o", ms=3, label=label, alpha=0.8)
+            axes[row, 1].plot(xs_upd, ys, color=col, marker="o", ms=3, alpha=0.8)
+        for i, arm in enumerate(arms):
+            a = payload["aggregates"][task][arm]
+            ci = a.get("test_ci_hierarchical") or {}
+            m = a["test_mean"]
+            axes[row, 2].errorbar(
+                [i],
+                [m],
+                yerr=[[m - ci.get("low", m)], [ci.get("high", m) - m]],
+                color=colors[i % len(colors)],
+                marker="o",
+                capsize=4,
+            )
+            axes[row, 2].scatter([i] * len(a["test_acc"]), a["test_acc"], color="k", s=8)
+        axes[row, 2].set_xticks(range(len(arms)), arms, rotation=20)
+        axes[row, 0].set(xlabel="loop CPU seconds", ylabel="validation accuracy", title=task)
+        axes[row, 1].set(xlabel="updates (generations / steps)", ylabel="validation accuracy")
+        axes[row, 2].set(ylabel="test accuracy (mean, 95% hierarchical CI; dots: seeds)")
+        axes[row, 0].legend(fontsize=8)
+        for ax in axes[row]:
+            ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path

@@ -194,3 +194,83 @@ def test_study_file_errors(tmp_path):
         load_study(str(bad))
     with pytest.raises(ValueError, match="does not exist"):
         load_study(str(tmp_path / "missing.py"))
+
+
+def test_report_from_records(tmp_path):
+    """build_report / format_tables / plot on fake finished runs: start, two arms x two seeds;
+    the numbers that come out are the ones put in."""
+    from essa_jax.study.report import build_report, format_tables, plot
+
+    path = tmp_path / "s.py"
+    out = str(tmp_path / "runs")
+    path.write_text(
+        "def get_study():\n    return {'name': 'r', 'out': %r, 'seeds': (0, 1),\n"
+        "  'tasks': {'sub_2d': {'task.name': 'sub_2d'}},\n"
+        "  'starts': {'conv': {'config': %r}},\n"
+        "  'arms': {'es': {'config': %r, 'start': 'conv'}, 'gr': {'config': %r, 'start': 'conv'}},\n"
+        "  'compare': (('es', 'gr'),), 'step_ratio_arms': ('es', 'gr'), 'scaling_results': ''}\n"
+        % (out, ESSA, ESSA, GRPO)
+    )
+    study = load_study(str(path))
+    solved = {
+        "start": "0011",
+        ("es", 0): "0111",
+        ("es", 1): "1111",
+        ("gr", 0): "0011",
+        ("gr", 1): "0111",
+    }
+    for spec in plan_study(study):
+        key = "start" if spec.stage == "start" else (spec.arm, spec.seed)
+        bits = solved[key]
+        acc = bits.count("1") / 4
+        curve = [
+            {
+                "phase": "eval",
+                "step": 0,
+                "cpu_s": 0.0,
+                "rollouts": 0,
+                "acc": 0.5,
+                "split": "validation",
+                "load1": 1.0,
+            }
+        ]
+        if spec.stage == "final":
+            curve.append(
+                {
+                    "phase": "eval",
+                    "step": 10 if spec.arm == "es" else 40,
+                    "cpu_s": 100.0,
+                    "rollouts": 500,
+                    "acc": 0.6,
+                    "split": "validation",
+                    "load1": 1.0,
+                }
+            )
+        rows = [*curve, {"phase": "test", "step": curve[-1]["step"], "acc": acc, "solved": bits}]
+        _finish(
+            spec.workdir,
+            {
+                "final_heldout_acc": acc,
+                "final_split": "test",
+                "final_validation_acc": curve[-1]["acc"],
+                "sft_validation_acc": 0.5,
+                "train_cpu_seconds": 100.0,
+                "train_wall_seconds": 101.0,
+                "steps": curve[-1]["step"],
+            },
+            rows,
+        )
+    payload = build_report(study)
+    agg = payload["aggregates"]["sub_2d"]
+    assert agg["es"]["test_acc"] == [0.75, 1.0] and agg["gr"]["test_mean"] == 0.625
+    assert payload["starts"]["sub_2d/sft_conv"]["test_acc"] == 0.5
+    comp = payload["comparisons"][0]
+    assert comp["difference_hierarchical"]["estimate"] == pytest.approx(0.25)
+    # +0.05 and +0.10 reached at the second evaluation: 40 / 10 updates; +0.15 never.
+    ratios = payload["step_ratios"]["sub_2d"]
+    assert ratios["+0.1"]["step_ratio"] == pytest.approx(4.0)
+    assert ratios["+0.15"]["es_updates"] is None
+    assert payload["flagged_runs"] == [] and payload["unfinished"] == []
+    text = format_tables(payload)
+    assert "es - gr: +0.250" in text and "not reached" in text
+    assert os.path.exists(plot(payload, str(tmp_path / "r.png")))
