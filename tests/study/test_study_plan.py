@@ -203,14 +203,18 @@ def test_report_from_records(tmp_path):
 
     path = tmp_path / "s.py"
     out = str(tmp_path / "runs")
-    path.write_text(
-        "def get_study():\n    return {'name': 'r', 'out': %r, 'seeds': (0, 1),\n"
-        "  'tasks': {'sub_2d': {'task.name': 'sub_2d'}},\n"
-        "  'starts': {'conv': {'config': %r}},\n"
-        "  'arms': {'es': {'config': %r, 'start': 'conv'}, 'gr': {'config': %r, 'start': 'conv'}},\n"
-        "  'compare': (('es', 'gr'),), 'step_ratio_arms': ('es', 'gr'), 'scaling_results': ''}\n"
-        % (out, ESSA, ESSA, GRPO)
-    )
+    spec = {
+        "name": "r",
+        "out": out,
+        "seeds": (0, 1),
+        "tasks": {"sub_2d": {"task.name": "sub_2d"}},
+        "starts": {"conv": {"config": ESSA}},
+        "arms": {"es": {"config": ESSA, "start": "conv"}, "gr": {"config": GRPO, "start": "conv"}},
+        "compare": (("es", "gr"),),
+        "step_ratio_arms": ("es", "gr"),
+        "scaling_results": "",
+    }
+    path.write_text(f"def get_study():\n    return {spec!r}\n")
     study = load_study(str(path))
     solved = {
         "start": "0011",
