@@ -381,8 +381,9 @@ def _sft(run: Run, key: jax.Array) -> tuple[dict, dict[str, Any]]:
         # evaluate it) becomes the full-parameter loop's start, its adapter folded into the weights.
         sft_lora = TrainedWeights(merged_masters(run.params, sft_lora, c.train.params))
     base = evaluate_policy(run, None, step=0, evaluation="base") if c.eval.base_model else None
+    steps = "read from " + init_from if init_from else f"{max(curve or [c.sft.steps])} steps"
     run.log(
-        f"SFT: {c.sft.steps} steps in {sft_s:.1f}s; held-out accuracy {ev['acc']:.3f} "
+        f"SFT: {steps} in {sft_s:.1f}s; held-out accuracy {ev['acc']:.3f} "
         f"[{ev['ci_low']:.3f}, {ev['ci_high']:.3f}] (n={ev['n']})"
         + (f"; base model {base['acc']:.3f}" if base else "")
     )
