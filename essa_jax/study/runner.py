@@ -166,10 +166,12 @@ def schedule(
     run_one: Callable[[RunSpec, int], int],
     done: Callable[[str], bool] = finished,
     log: Callable[[str], None] = print,
+    after_run: Callable[[RunSpec], Any] = lambda spec: None,
 ) -> list[RunSpec]:
     """Every unfinished spec whose `after` runs are finished (or finish meanwhile), one per core of
-    `cores` at a time; returns the specs that ran. A failed run (non-zero exit) stops new starts:
-    those running finish, then SystemExit names it."""
+    `cores` at a time; returns the specs that ran. `after_run(spec)` follows each finished run,
+    one at a time (the archive: a session that ends loses only the runs in flight). A failed run
+    (non-zero exit) stops new starts: those running finish, then SystemExit names it."""
     todo = [s for s in specs if not done(s.workdir)]
     ran: list[RunSpec] = []
     lock = threading.Condition()
@@ -208,6 +210,8 @@ def schedule(
                 free.append(core)
                 if rc != 0 or not done(nxt.workdir):
                     failed.append(f"{nxt.label}: {msg}")
+                else:
+                    after_run(nxt)
                 lock.notify_all()
 
     with concurrent.futures.ThreadPoolExecutor(max_workers=len(cores)) as pool:
@@ -279,6 +283,7 @@ def run_study(
                 root=root,
                 allow_commit_mix=allow_commit_mix,
             ),
+            after_run=lambda spec: sync_records(study.out, study.archive),
         )
         sync_records(study.out, study.archive)
         after_each()
