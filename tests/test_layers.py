@@ -34,6 +34,7 @@ LAYERS = {
     "plan": 5,
     "plan_report": 5,
     "plot": 5,
+    "study": 6,
 }
 # Extra rules beyond "no import from a higher layer".
 FORBIDDEN = {
