@@ -62,6 +62,14 @@ def get_study():
             "start": "converged",
             "overrides": {"essa.generations": UNBOUNDED},
         },
+        # Declared 2026-12-06 23:36 UTC, after essa_today seed 0 / 1 had collapsed (0.56 -> 0.02 on
+        # test: sigma_0 = 2 relative to each singular value was tuned on a 2-step start) and before
+        # any run of this arm: the schema's default sigma_0 = 0.1, everything else as essa_today.
+        "essa_sigma01": {
+            "config": ESSA,
+            "start": "converged",
+            "overrides": {"essa.generations": UNBOUNDED, "essa.sigma_init": 0.1},
+        },
         "grpo_full_today": {
             "config": GRPO,
             "start": "converged",
@@ -73,6 +81,6 @@ def get_study():
             },
         },
     }
-    s["compare"] = (("essa_today", "grpo_full_today"),)
+    s["compare"] = (("essa_today", "grpo_full_today"), ("essa_sigma01", "grpo_full_today"))
     s["step_ratio_arms"] = ("essa_today", "grpo_full_today")
     return s
