@@ -92,7 +92,7 @@ def study_defaults() -> Study:
     # start name -> {"config": path, "overrides": {...}}: one SFT run per task (and shape).
     s.starts = {}
     # arm name -> {"config": path, "overrides": {...}, "start": start name, "tasks": (...) or
-    # () for every task, "sweep": {factor: values}}; a factor is a field name or several joined
+    # () for every task, "seeds": (...) or () for `seeds`, "sweep": {factor: values}}; a factor is a field name or several joined
     # by "," whose values are tuples (population x prompts at a fixed rollout count).
     s.arms = {}
     s.sweep_task = ""  # "" = the first task
@@ -350,7 +350,7 @@ def plan_study(study: Any, chosen: Mapping[str, Mapping[str, Any]] | None = None
                 for f, val in (chosen.get(arm) or {}).items()
                 for k, v in factor_overrides(f, val).items()
             }
-            for seed in study.seeds:
+            for seed in spec.get("seeds") or study.seeds:
                 runs.append(loop_run("final", task, arm, arm, seed, extra, study.budget))
     return list(starts.values()) + runs
 
