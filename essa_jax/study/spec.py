@@ -92,8 +92,9 @@ def study_defaults() -> Study:
     # start name -> {"config": path, "overrides": {...}}: one SFT run per task (and shape).
     s.starts = {}
     # arm name -> {"config": path, "overrides": {...}, "start": start name, "tasks": (...) or
-    # () for every task, "seeds": (...) or () for `seeds`, "sweep": {factor: values}}; a factor is a field name or several joined
-    # by "," whose values are tuples (population x prompts at a fixed rollout count).
+    # () for every task, "seeds": (...) or () for `seeds`, "sweep": {factor: values}}; a
+    # factor is a field name or several joined by "," whose values are tuples (population x
+    # prompts at a fixed rollout count).
     s.arms = {}
     s.sweep_task = ""  # "" = the first task
     s.sweep_seed = 0

@@ -12,8 +12,9 @@ Protocol (docs/STUDIES.md):
 - tuning: 8 sweep runs per arm (sweep_runs), one factor at a time around the arm's settings, 600
   CPU seconds each on sub_2d, seed 0, chosen on final validation accuracy (ties: the higher mean
   validation curve); a choice at the edge of a numeric grid is flagged in the report.
-  ESSA: sigma_0 {0.03, 0.1, 0.3, 1} (relative to each SFT singular value), population x prompts per candidate at 1 536 rollouts per
-  generation {24 x 64, 48 x 32, 96 x 16}, alpha {0.25, 1}, rank {4, 8}.
+  ESSA: sigma_0 {0.03, 0.1, 0.3, 1} (relative to each SFT singular value), population x
+  prompts per candidate at 1 536 rollouts per generation {24 x 64, 48 x 32, 96 x 16}, alpha
+  {0.25, 1}, rank {4, 8}.
   Gradient arms: learning rate (5-6 values bracketing the #32 choice) and group size / gamma.
 - final runs: 2 400 CPU seconds of loop each (>= 100 ESSA generations at 24 x 64 on this CPU),
   validation every 300 s, pass@k from 64 samples on 20 test problems.
