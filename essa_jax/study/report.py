@@ -74,7 +74,11 @@ def collect(spec: RunSpec, min_cpu_share: float = 0.9) -> dict[str, Any] | None:
         "final_split": s.get("final_split", "test"),
         "test_acc": s["final_heldout_acc"] if s.get("final_split", "test") == "test" else None,
         "test_solved": tests[-1].get("solved") if tests else None,
-        "validation_acc": s.get("final_validation_acc"),
+        # A start's final policy is its SFT adapter (runs before `final_validation_acc` existed
+        # recorded only `sft_validation_acc`).
+        "validation_acc": s.get("final_validation_acc")
+        if s.get("final_validation_acc") is not None or spec.stage != "start"
+        else s.get("sft_validation_acc"),
         "sft_test_acc": s.get("sft_heldout_acc"),
         "sft_validation_acc": s.get("sft_validation_acc"),
         "steps": s.get("steps", 0),
