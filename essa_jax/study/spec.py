@@ -339,19 +339,26 @@ def plan_study(study: Any, chosen: Mapping[str, Mapping[str, Any]] | None = None
                     study.sweep_budget,
                 )
                 runs.append(dataclasses.replace(r, factor=factor, value=value))
+    # Seed-major order: the runs of one seed of every arm come first, so a study cut short has
+    # every arm at its first seeds, and side-by-side runs are of different arms.
+    all_seeds = sorted(
+        {int(x) for spec in study.arms.values() for x in (spec.get("seeds") or study.seeds)}
+    )
     for task in study.tasks:
-        for arm, spec in study.arms.items():
-            if spec.get("tasks") and task not in spec["tasks"]:
-                continue
-            sweep = _plain(spec.get("sweep"))
-            if sweep and arm not in chosen:
-                continue
-            extra = {
-                k: v
-                for f, val in (chosen.get(arm) or {}).items()
-                for k, v in factor_overrides(f, val).items()
-            }
-            for seed in spec.get("seeds") or study.seeds:
+        for seed in all_seeds:
+            for arm, spec in study.arms.items():
+                if spec.get("tasks") and task not in spec["tasks"]:
+                    continue
+                if seed not in (spec.get("seeds") or study.seeds):
+                    continue
+                sweep = _plain(spec.get("sweep"))
+                if sweep and arm not in chosen:
+                    continue
+                extra = {
+                    k: v
+                    for f, val in (chosen.get(arm) or {}).items()
+                    for k, v in factor_overrides(f, val).items()
+                }
                 runs.append(loop_run("final", task, arm, arm, seed, extra, study.budget))
     return list(starts.values()) + runs
 
