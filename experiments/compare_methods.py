@@ -384,19 +384,12 @@ def pinned_runner(python: str, core: int, commit: str, env: Mapping[str, str] | 
 def run_pinned(
     cmd: Sequence[str], core: int, log: Any, env: Mapping[str, str] | None = None
 ) -> tuple[int, int]:
-    """Run `cmd` on CPU `core` only (`taskset -c core`, which sets its affinity and execs it: the
-    same process, so its rusage is the command's; no fork hook in this multithreaded parent);
-    (exit status, the command's peak RSS in KiB)."""
-    proc = subprocess.Popen(
-        ["taskset", "-c", str(core), *cmd],
-        cwd=ROOT,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        env=None if env is None else {**os.environ, **env},
-    )
-    _, status, usage = os.wait4(proc.pid, 0)
-    proc.returncode = os.waitstatus_to_exitcode(status)  # reaped here: Popen must not wait again
-    return proc.returncode, usage.ru_maxrss
+    """Run `cmd` on CPU `core` only (the library's one pinning: `essa_jax.study.runner.run_pinned`,
+    `taskset -c`), from this checkout; (exit status, the command's peak RSS in KiB)."""
+    from essa_jax.study.runner import run_pinned as pinned
+
+    rc, usage = pinned(cmd, core, log, ROOT, env)
+    return rc, usage.ru_maxrss
 
 
 # What a finished run's record is made of (all `collect` and `--dry_run` read): small text files,
