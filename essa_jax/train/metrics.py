@@ -111,6 +111,22 @@ class MetricsLogger:
             self._tb = None
 
 
+# Fields that measure the machine rather than the run (seconds, rates, the host's load average):
+# they differ between two runs of the same state, so a comparison of runs leaves them out.
+MEASURED_FIELDS = ("wall_s", "cpu_s", "load1", "seconds")
+
+
+def is_measured(field: str) -> bool:
+    """Whether a metric row's `field` measures the machine (a time, a rate, the load)."""
+    return field in MEASURED_FIELDS or field.endswith("_s") or "per_s" in field
+
+
+def without_measurements(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`rows` without their machine-dependent fields (`is_measured`): what must repeat exactly
+    when a run is resumed or repeated."""
+    return [{k: v for k, v in r.items() if not is_measured(k)} for r in rows]
+
+
 def read_metrics(workdir: str) -> list[dict[str, Any]]:
     """The rows of `<workdir>/metrics.jsonl` (empty if missing)."""
     path = os.path.join(workdir, METRICS_FILE)

@@ -15,7 +15,7 @@ from search_moved import TINY_ESSA_PER_GENERATION, assert_essa_moved
 from essa_jax.checkpointing import CheckpointFallbackWarning, complete_steps
 from essa_jax.config import load_config_file
 from essa_jax.train import train_and_evaluate
-from essa_jax.train.metrics import read_metrics
+from essa_jax.train.metrics import read_metrics, without_measurements
 
 CONFIG = Path(__file__).resolve().parent / "tiny_essa_dense_config.py"
 
@@ -25,7 +25,7 @@ def _state(directory, step):
 
 
 def _train_rows(history):
-    return [{k: v for k, v in r.items() if k != "wall_s"} for r in history if r["phase"] == "train"]
+    return without_measurements(r for r in history if r["phase"] == "train")
 
 
 @pytest.mark.slow

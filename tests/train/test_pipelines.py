@@ -14,6 +14,7 @@ from search_moved import assert_essa_moved, lora_movement
 from essa_jax.checkpointing import WorkdirError
 from essa_jax.config import base_config
 from essa_jax.train import train_and_evaluate
+from essa_jax.train.metrics import without_measurements
 
 pytestmark = pytest.mark.slow
 
@@ -77,8 +78,7 @@ def final_state(workdir: str, step: int) -> dict:
 def rows(workdir: str) -> list[dict]:
     with open(os.path.join(workdir, "metrics.jsonl")) as f:
         out = [json.loads(line) for line in f]
-    timing = ("wall_s", "step_s", "rollout_s", "reward_s", "score_s", "update_s")
-    return [{k: v for k, v in r.items() if k not in timing and "per_s" not in k} for r in out]
+    return without_measurements(out)
 
 
 def check_artefacts(workdir: str, summary: dict, steps: int) -> None:

@@ -7,20 +7,19 @@ import pytest
 
 from essa_jax.config import load_config_file
 from essa_jax.train import train_and_evaluate
-from essa_jax.train.metrics import read_metrics
+from essa_jax.train.metrics import read_metrics, without_measurements
 
 pytestmark = pytest.mark.slow
 
 TINY = os.path.join(
     os.path.dirname(os.path.dirname(__file__)), "distributed", "tiny_essa_config.py"
 )
-TIMING = ("wall_s", "seconds", "step_s", "tokens_per_s", "rollout_s", "update_s")
 
 
 def _rows(workdir: str, phase: str) -> list[dict]:
     """The metric rows of one phase without the timings (which never repeat)."""
     rows = [r for r in read_metrics(workdir) if r["phase"] == phase]
-    return [{k: v for k, v in r.items() if not any(t in k for t in TIMING)} for r in rows]
+    return without_measurements(rows)
 
 
 def test_search_seed_keeps_the_sft_start_and_changes_the_search(tmp_path):
