@@ -24,8 +24,10 @@ install: $(VENV)/.installed
 
 # --dist loadfile: whole files per worker, so a module's fixtures (a loaded model, a finished
 # run) are built once, not once per worker.
+# PYTEST_ARGS: extra pytest flags (experiments/record_make_test.py adds --durations=0).
+PYTEST_ARGS ?=
 test: $(VENV)/.installed
-	XLA_FLAGS=--xla_force_host_platform_device_count=8 $(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadfile tests
+	XLA_FLAGS=--xla_force_host_platform_device_count=8 $(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS) tests
 
 test-fast: $(VENV)/.installed
 	XLA_FLAGS=--xla_force_host_platform_device_count=8 $(BIN)/pytest -q -m "not slow" tests

@@ -2,7 +2,7 @@
 
     python experiments/record_make_test.py [--out experiments/results/make_test.json]
 
-Runs the Makefile's test command with `--durations=0` (every test's setup / call / teardown
+Runs `make test` with `--durations=0` (every test's setup / call / teardown
 time, as pytest reports it from each xdist worker), then writes the wall-clock, pass / fail
 counts, the process tree's CPU seconds, the load average before and after, the per-file totals
 and the 40 slowest tests. The previous record is kept under `previous`. Run it with nothing else
@@ -33,20 +33,11 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=os.path.join(ROOT, "experiments/results/make_test.json"))
     ap.add_argument("--workers", default=os.environ.get("TEST_WORKERS", "2"))
     args = ap.parse_args(argv)
-    cmd = [
-        os.path.join(ROOT, ".venv/bin/pytest"),
-        "-q",
-        "-n",
-        str(args.workers),
-        "--dist",
-        "loadfile",
-        "--durations=0",
-        "tests",
-    ]
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
+    # The Makefile's own test command (one place says how the suite runs), with the durations.
+    cmd = ["make", "test", f"TEST_WORKERS={args.workers}", "PYTEST_ARGS=--durations=0"]
     load0 = os.getloadavg()
     t0 = time.time()
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
     wall = time.time() - t0
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     text = proc.stdout + proc.stderr
@@ -65,7 +56,9 @@ def main(argv=None) -> int:
     files = defaultdict(float)
     for name, s in tests.items():
         files[name.split("::")[0]] += s
-    counts = {k: int(n) for n, k in RESULT.findall(text.splitlines()[-1] if text else "")}
+    # pytest's summary line (make's own "Error 1" line follows it when a test failed).
+    summary = next((line for line in reversed(text.splitlines()) if RESULT.search(line)), "")
+    counts = {k: int(n) for n, k in RESULT.findall(summary)}
     previous = None
     if os.path.exists(args.out):
         with open(args.out) as f:

@@ -111,14 +111,15 @@ class MetricsLogger:
             self._tb = None
 
 
-# Fields that measure the machine rather than the run (seconds, rates, the host's load average):
-# they differ between two runs of the same state, so a comparison of runs leaves them out.
-MEASURED_FIELDS = ("wall_s", "cpu_s", "load1", "seconds")
+# Fields that measure the machine rather than the run: every `*_s` (seconds: wall_s, cpu_s,
+# step_s, ...; rates: tokens_per_s, ...), plus these. They differ between two runs of the same
+# state, so a comparison of runs leaves them out.
+MEASURED_FIELDS = ("load1", "seconds")
 
 
 def is_measured(field: str) -> bool:
     """Whether a metric row's `field` measures the machine (a time, a rate, the load)."""
-    return field in MEASURED_FIELDS or field.endswith("_s") or "per_s" in field
+    return field in MEASURED_FIELDS or field.endswith("_s")
 
 
 def without_measurements(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -26,7 +26,7 @@ import pytest
 from search_moved import TINY_ESSA_PER_GENERATION, assert_essa_moved
 
 from essa_jax.checkpointing import complete_steps
-from essa_jax.train.metrics import without_measurements
+from essa_jax.train.metrics import read_metrics, without_measurements
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = Path(__file__).resolve().parent / "tiny_essa_dense_config.py"
@@ -119,9 +119,7 @@ def _load(workdir, step):
 
 
 def _train_rows(workdir):
-    with open(os.path.join(workdir, "metrics.jsonl")) as f:
-        rows = [json.loads(line) for line in f if line.strip()]
-    return without_measurements(r for r in rows if r["phase"] == "train")
+    return without_measurements(r for r in read_metrics(workdir) if r["phase"] == "train")
 
 
 @pytest.mark.multiprocess

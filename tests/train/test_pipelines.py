@@ -1,7 +1,6 @@
 """End to end on a tiny random model (random:tiny + char tokenizer) and generated 2-digit
 addition: every pipeline runs, writes its artefacts, and resumes bit-exactly."""
 
-import json
 import os
 
 import jax
@@ -14,7 +13,7 @@ from search_moved import assert_essa_moved, lora_movement
 from essa_jax.checkpointing import WorkdirError
 from essa_jax.config import base_config
 from essa_jax.train import train_and_evaluate
-from essa_jax.train.metrics import without_measurements
+from essa_jax.train.metrics import read_metrics, without_measurements
 
 pytestmark = pytest.mark.slow
 
@@ -76,9 +75,7 @@ def final_state(workdir: str, step: int) -> dict:
 
 
 def rows(workdir: str) -> list[dict]:
-    with open(os.path.join(workdir, "metrics.jsonl")) as f:
-        out = [json.loads(line) for line in f]
-    return without_measurements(out)
+    return without_measurements(read_metrics(workdir))
 
 
 def check_artefacts(workdir: str, summary: dict, steps: int) -> None:
