@@ -82,6 +82,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             after_each=lambda: write_report(study),
             stages=tuple(args.stages.split(",")),
         )
+    else:
+        from essa_jax.study.runner import sync_records
+
+        # The report reads `out`; a fresh checkout has only the archive's records.
+        sync_records(study.archive, study.out)
     write_report(study)
     return 0
 

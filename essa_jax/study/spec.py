@@ -302,6 +302,7 @@ def plan_study(study: Any, chosen: Mapping[str, Mapping[str, Any]] | None = None
             arm=arm,
         )
 
+    sweeps: list[list[RunSpec]] = []
     for arm, spec in study.arms.items():
         sweep = _plain(spec.get("sweep"))
         if not sweep:
@@ -309,7 +310,9 @@ def plan_study(study: Any, chosen: Mapping[str, Mapping[str, Any]] | None = None
         center = center_values(study, arm)
         base = {k: v for f, val in center.items() for k, v in factor_overrides(f, val).items()}
         i = 0
-        runs.append(
+        arm_runs: list[RunSpec] = []
+        sweeps.append(arm_runs)
+        arm_runs.append(
             dataclasses.replace(
                 loop_run(
                     "sweep",
@@ -338,7 +341,12 @@ def plan_study(study: Any, chosen: Mapping[str, Mapping[str, Any]] | None = None
                     ov,
                     study.sweep_budget,
                 )
-                runs.append(dataclasses.replace(r, factor=factor, value=value))
+                arm_runs.append(dataclasses.replace(r, factor=factor, value=value))
+    # Round-robin over arms: a study cut short has every arm's sweep equally advanced (equal
+    # effort at any point), and side-by-side runs are of different arms (a full-parameter run
+    # beside an ESSA one, not beside another full-parameter one: memory).
+    for k in range(max((len(r) for r in sweeps), default=0)):
+        runs.extend(r[k] for r in sweeps if k < len(r))
     # Seed-major order: the runs of one seed of every arm come first, so a study cut short has
     # every arm at its first seeds, and side-by-side runs are of different arms.
     all_seeds = sorted(

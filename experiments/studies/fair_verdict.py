@@ -13,10 +13,16 @@ Protocol (docs/STUDIES.md):
   CPU seconds each on sub_2d, seed 0, chosen on final validation accuracy (ties: the higher mean
   validation curve); a choice at the edge of a numeric grid is flagged in the report.
   ESSA: sigma_0 {0.03, 0.1, 0.3, 1} (relative to each SFT singular value), population x
-  prompts per candidate at 1 536 rollouts per generation {24 x 64, 48 x 32, 96 x 16}, alpha
-  {0.25, 1}, rank {4, 8}.
+  prompts per candidate at 768 rollouts per generation {24 x 32, 48 x 16, 96 x 8}, alpha
+  {0.25, 1}, rank {4, 8}. Why 768 and not the issue's 1 536: a rollout costs ~0.1 CPU s here
+  (32 prompt + 5 answer tokens of a 135M model on one core, near its matmul bound; fair_probe:
+  256 rollouts per 27 s generation), so 1 536 rollouts is ~160 s per generation and a 600 s sweep
+  run would see 3-4 generations. 24 x 32 is the issue's floor (population >= 24, >= 32 prompts
+  per candidate); a final run at 48 x 16 or 96 x 8 would be below it, and is said so.
   Gradient arms: learning rate (5-6 values bracketing the #32 choice) and group size / gamma.
-- final runs: 2 400 CPU seconds of loop each (>= 100 ESSA generations at 24 x 64 on this CPU),
+- final runs: 2 400 CPU seconds of loop each: ~30 ESSA generations at 24 x 32 (~80 s each), not
+  the >= 100 the issue asks for: 100 would take ~8 000 CPU s per run, and a full-parameter run
+  cannot outlive a session here (its 1.6 GB checkpoints are not kept), so every arm gets 2 400 s.
   validation every 300 s, pass@k from 64 samples on 20 test problems.
 - targets fixed before the runs: the start's validation accuracy + 0.05 / 0.10 / 0.15.
 
@@ -95,14 +101,14 @@ def get_study():
                     # singular values are tiny: from a converged start it collapses (fair_probe).
                     "essa.sigma_init": 0.1,
                     "essa.population_size": 24,
-                    "essa.prompts_per_candidate": 64,
+                    "essa.prompts_per_candidate": 32,
                 },
                 "sweep": {
                     "essa.sigma_init": (0.03, 0.1, 0.3, 1.0),
                     "essa.population_size,essa.prompts_per_candidate": (
-                        (24, 64),
-                        (48, 32),
-                        (96, 16),
+                        (24, 32),
+                        (48, 16),
+                        (96, 8),
                     ),
                     "essa.alpha": (0.25, 1.0),
                     "lora.rank,lora.alpha": ((4, 8.0), (8, 16.0)),

@@ -72,6 +72,8 @@ def test_plan_stages_starts_and_equal_effort(tmp_path):
     assert not by_stage["final"]
     # ESSA: center + 2 sigma + 1 rank + 1 joint = 5; GRPO: center (1e-4) + 4 = 5.
     assert check_equal_effort(study, runs) == {"essa": 5, "grpo": 5}
+    # Round-robin over arms: a study cut short has both sweeps equally advanced.
+    assert [r.arm for r in by_stage["sweep"]] == ["essa", "grpo"] * 5
     # The rank-8 sweep run needs a rank-8 start: two starts on the sweep task.
     starts = by_stage["start"]
     assert len(starts) == 2 and {s.task for s in starts} == {"sub_2d"}
