@@ -374,6 +374,70 @@ def define_flags(flag_values: Any = None) -> None:
     )
 
 
+_SETTING_FLAGS = (
+    ("coordinator_address", ENV_COORDINATOR),
+    ("num_processes", ENV_NUM_PROCESSES),
+    ("process_id", ENV_PROCESS_ID),
+)
+
+
+def settings_problem(
+    coordinator_address: str | None, num_processes: int | None, process_id: int | None
+) -> str | None:
+    """One line naming what a partial multi-process setting lacks, or None when it is complete
+    (all three, or num_processes > 1 with the other two) or absent (one process).
+
+    A coordinator address or a process id alone would otherwise start a single-process run on
+    this machine (or fail deep in `initialize`), each process training alone: silently wrong.
+    The values are the flags' or, where a flag is not given, the environment's (`resolve_settings`
+    reads them the same way)."""
+    given = {
+        "coordinator_address": coordinator_address,
+        "num_processes": num_processes,
+        "process_id": process_id,
+    }
+    if all(v is None for v in given.values()) or (num_processes == 1 and process_id in (None, 0)):
+        return None
+    try:
+        resolve_settings(coordinator_address, num_processes, process_id)
+    except ValueError as e:
+        return (
+            f"{e}; every process of a multi-process run needs --coordinator_address, "
+            "--num_processes and --process_id"
+        )
+    missing = [n for n, v in given.items() if v is None]
+    if not missing:
+        return None
+    env = dict(_SETTING_FLAGS)
+    have = " and ".join(f"--{n}" for n, v in given.items() if v is not None)
+    return (
+        f"{have} {'is' if len(given) - len(missing) == 1 else 'are'} set but "
+        f"{' and '.join(f'--{n}' for n in missing)} "
+        f"{'is' if len(missing) == 1 else 'are'} not (nor "
+        f"{' / '.join('$' + env[n] for n in missing)}): a multi-process run needs all three on "
+        "every process (e.g. --coordinator_address=host:1234 --num_processes=2 --process_id=0); "
+        "a single-process run needs none"
+    )
+
+
+def flags_problem(flag_values: Any = None) -> str | None:
+    """`settings_problem` of the command line's flags of `define_flags` (the JAX_* environment
+    variables where a flag is not given); None when the flags were never defined. The CLI calls
+    it right after parsing, before `--dry_run` or anything else runs."""
+    from absl import flags
+
+    fv = flags.FLAGS if flag_values is None else flag_values
+    if "coordinator_address" not in fv:
+        return None
+    try:
+        num = fv.num_processes if fv.num_processes is not None else _env_int(ENV_NUM_PROCESSES)
+        pid = fv.process_id if fv.process_id is not None else _env_int(ENV_PROCESS_ID)
+    except ValueError as e:
+        return str(e)
+    coord = fv.coordinator_address or os.environ.get(ENV_COORDINATOR) or None
+    return settings_problem(coord, num, pid)
+
+
 def initialize_from_flags(flag_values: Any = None) -> ProcessInfo:
     """`initialize` with the values of the flags of `define_flags` (env variables as fall-back).
 

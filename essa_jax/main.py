@@ -102,6 +102,15 @@ def define_flags(
             "0 if it would run, 2 with the error. No --workdir needed. --only_check_args = this.",
             flag_values=flag_values,
         ),
+        "memory_check": flags.DEFINE_bool(
+            "memory_check",
+            True,
+            "Before any weight is read, compile the run's programs ahead of time for this "
+            "machine's devices (essa_jax.plan.check_run_fits: host memory on a CPU) and refuse a "
+            "run that cannot fit, in one line. --nomemory_check skips it (it costs a compile of "
+            "each program).",
+            flag_values=flag_values,
+        ),
         "allow_config_change": flags.DEFINE_bool(
             "allow_config_change",
             False,
@@ -144,12 +153,20 @@ def run_from_flags(holders: dict[str, Any]) -> int:
         RewardFunctionError,
         WorkdirError,
     )
+    from essa_jax.plan import PlanError
+
+    user_errors += (PlanError,)
     resume = True if holders["resume"].value else (None if holders["resume_auto"].value else False)
     try:
         validate_config(config)  # fail in a second, before any weights are read
+        memory = check_memory(config) if _memory_check(holders) else "memory not checked"
         if dry_run:
-            print(f"config OK: method {config.method!r}, model {config.model.path!r} (nothing run)")
+            print(
+                f"config OK: method {config.method!r}, model {config.model.path!r}; {memory} "
+                "(nothing run)"
+            )
             return 0
+        print(memory, flush=True)
         from essa_jax.train import train_and_evaluate
 
         train_and_evaluate(
@@ -166,6 +183,34 @@ def run_from_flags(holders: dict[str, Any]) -> int:
     except BaseException as e:  # noqa: BLE001 - anything else is re-raised unless it is below
         return _stopped_or_os_error(e, holders)
     return 0
+
+
+def _memory_check(holders: dict[str, Any]) -> bool:
+    """Whether `--memory_check` is on (its default, True, when the flag is not defined)."""
+    return "memory_check" not in holders or bool(holders["memory_check"].value)
+
+
+def check_memory(config) -> str:
+    """The memory plan of `config`'s run on this machine (`plan.check_run_fits`), as the line a
+    run prints; raises `plan.PlanError` (one line: the program that does not fit, its bytes and
+    the machine's) when a program cannot fit. Runs after `validate_config` and before any
+    weight is read, in `--dry_run` too. With several processes it is left out, with a line
+    saying so: the plan's programs would be compiled on devices other processes own."""
+    import jax
+
+    from essa_jax.plan import check_run_fits
+
+    if jax.process_count() > 1:
+        return (
+            "memory not checked with several processes (python -m essa_jax.plan --devices N "
+            "--device_memory_gb G plans the run's programs)"
+        )
+    plans = check_run_fits(config)
+    peak = max(plans, key=lambda p: p.per_device_bytes)
+    return (
+        f"memory OK: {len(plans)} programs fit {plans[0].target}; largest {peak.program} "
+        f"{peak.per_device_bytes / 1e9:.2f} GB per device"
+    )
 
 
 def _stopped_or_os_error(e: BaseException, holders: dict[str, Any]) -> int:
@@ -231,6 +276,121 @@ def main(argv: list[str]) -> int:
     # where waiting for the peers would only delay the failure.
     distributed.shutdown()
     return rc
+
+
+# What a config file's get_config() must return, for the errors that say it did not.
+GET_CONFIG_CONTRACT = (
+    "get_config() must return an ml_collections.ConfigDict (e.g. essa_jax.config.base_config() "
+    "with fields set; experiments/configs/*.py)"
+)
+
+
+def config_file_problem(path: str) -> str | None:
+    """One line saying why config file `path` cannot be read (no such file, a folder, not
+    readable), or None. Checked before the flags are parsed: ml_collections would defer a missing
+    file to its first use, as a traceback, and report an unreadable one in several lines."""
+    if os.path.isdir(path):
+        return f"--config {path}: a folder, not a config file (experiments/configs/*.py)"
+    if not os.path.isfile(path):
+        return f"--config {path}: no such file (experiments/configs/*.py)"
+    try:
+        with open(path, "rb"):
+            pass
+    except OSError as e:
+        return f"--config {path}: cannot be read ({e.strerror or e})"
+    return None
+
+
+def config_load_error(path: str, e: BaseException) -> str | None:
+    """One line naming config file `path` and what went wrong, when exception `e` (raised while
+    the flags were parsed) came from the file itself: a syntax error in it, no get_config, or an
+    exception raised while it ran (its frames are in the traceback). None when `e` is about
+    something else (an override of an unknown field, a value of the wrong type)."""
+    target = os.path.abspath(path)
+    chain, seen = [], set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        chain.append(e)
+        e = e.__cause__ or e.__context__
+    for err in chain:
+        if isinstance(err, SyntaxError) and os.path.abspath(err.filename or "") == target:
+            return f"--config {path}: line {err.lineno}: {err.msg}; {GET_CONFIG_CONTRACT}"
+        if isinstance(err, AttributeError) and "get_config" in str(err):
+            return f"--config {path}: the file defines no get_config(); {GET_CONFIG_CONTRACT}"
+        import traceback
+
+        frames = traceback.extract_tb(err.__traceback__)
+        inside = [f for f in frames if os.path.abspath(f.filename) == target]
+        if inside:
+            what = " ".join(f"{type(err).__name__}: {err}".split())
+            return (
+                f"--config {path}: line {inside[-1].lineno} raised {what} while the config was "
+                f"loaded; {GET_CONFIG_CONTRACT}"
+            )
+    return None
+
+
+def config_value_problem(path: str | None, value: Any) -> str | None:
+    """One line when the config that `path`'s get_config() returned is not a ConfigDict (a plain
+    dict, None), or None: a dict would fail later as an AttributeError deep in the run, None as
+    a request for --config."""
+    import ml_collections
+
+    if path is None or isinstance(value, ml_collections.ConfigDict):
+        return None
+    what = "None" if value is None else f"a {type(value).__name__}"
+    return f"--config {path}: get_config() returned {what}; {GET_CONFIG_CONTRACT}"
+
+
+class _NoneConfigWarning:
+    """A logging filter dropping ml_collections' warning that get_config() returned None:
+    `parse_flags` says so itself, in its one error line."""
+
+    def filter(self, record: Any) -> bool:
+        return "returned None" not in record.getMessage()
+
+
+@contextlib.contextmanager
+def quiet_none_config_warning():
+    """`_NoneConfigWarning` on absl's logger while the flags are parsed."""
+    import logging
+
+    logger, flt = logging.getLogger("absl"), _NoneConfigWarning()
+    logger.addFilter(flt)
+    try:
+        yield
+    finally:
+        logger.removeFilter(flt)
+
+
+def parse_config_flags(argv: Sequence[str], flag_values: flags.FlagValues) -> list[str] | str:
+    """Parse `argv` into `flag_values` (holding a `--config` file flag): the remaining arguments,
+    or one line (without "error: ") saying what is wrong with the config file or the command
+    line. The file's folder is on sys.path meanwhile, so it imports its neighbours (a user's
+    strategy / weighting / method module). Shared by `python -m essa_jax.main` and
+    `python -m essa_jax.plan`."""
+    from essa_jax.config import config_dir_on_path
+
+    path = config_file_path(argv)
+    if path is not None:
+        problem = config_file_problem(path)
+        if problem:
+            return problem
+    try:
+        with contextlib.nullcontext() if path is None else config_dir_on_path(path):
+            with quiet_none_config_warning():
+                rest = flag_values(list(argv))
+    except Exception as e:  # ml_collections raises AttributeError / KeyError for unknown fields
+        return (
+            (path is not None and config_load_error(path, e))
+            or unknown_override(argv)
+            or " ".join(str(e).split())
+        )
+    if "config" in flag_values:
+        problem = config_value_problem(path, flag_values["config"].value)
+        if problem:
+            return problem
+    return rest
 
 
 def config_file_path(argv: Sequence[str]) -> str | None:
@@ -341,20 +501,14 @@ def parse_flags(argv: list[str], flag_values: flags.FlagValues = flags.FLAGS) ->
     if any(a in HELP_ARGS for a in argv[1:]):
         print(usage(_HOLDERS, flag_values))
         sys.exit(0)
-    path = config_file_path(argv)
-    if path is not None and not os.path.isfile(path):
-        # ml_collections would defer this to the first use of the config, as a traceback.
-        print(f"error: --config {path}: no such file (experiments/configs/*.py)", file=sys.stderr)
+    rest = parse_config_flags(argv, flag_values)
+    if isinstance(rest, str):
+        print(f"error: {rest}", file=sys.stderr)
         sys.exit(2)
-    from essa_jax.config import config_dir_on_path
-
-    try:
-        # The config file imports its neighbours (a user's strategy / weighting / method module).
-        with contextlib.nullcontext() if path is None else config_dir_on_path(path):
-            rest = flag_values(argv)
-    except Exception as e:  # ml_collections raises AttributeError / KeyError for unknown fields
-        message = unknown_override(argv) or " ".join(str(e).split())
-        print(f"error: {message}", file=sys.stderr)
+    problem = distributed.flags_problem(flag_values)
+    if problem:
+        # A partial multi-process command line, seen before anything runs (--dry_run too).
+        print(f"error: {problem}", file=sys.stderr)
         sys.exit(2)
     if "only_check_args" in flag_values and flag_values["only_check_args"].value:
         flag_values["only_check_args"].value = False

@@ -38,9 +38,9 @@ exits 1 when one does not, naming the program and the settings that would make i
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
+import math
 import os
 import re
 import sys
@@ -91,6 +91,10 @@ class Target:
     devices: tuple[Any, ...]
     device_memory_bytes: int
     compiler: str
+    # The run's own devices (`host_target`): programs are built and compiled as this process's run
+    # builds them (its dtype, its chunk choice, its compiler options and decode path), not as an
+    # accelerator's stand-in.
+    own: bool = False
 
     @property
     def num_devices(self) -> int:
@@ -148,8 +152,12 @@ def make_target(target: str | None, devices: int, device_memory_gb: float | None
         return _tpu_target(target)
     if not isinstance(devices, int) or devices < 1:
         raise PlanError(f"--devices {devices!r}: expected an integer >= 1")
-    if device_memory_gb is None or device_memory_gb <= 0:
-        raise PlanError("--device_memory_gb: expected the memory of one device in GB (> 0)")
+    if device_memory_gb is None or not math.isfinite(device_memory_gb) or device_memory_gb <= 0:
+        # nan / inf would reach int() as a traceback, a negative size a budget below zero.
+        raise PlanError(
+            f"--device_memory_gb {device_memory_gb}: expected the memory of one device in GB, a "
+            "finite number > 0 (e.g. 80 for an H100)"
+        )
     import jax
 
     # Never fewer CPU devices than the process asked for already (XLA_FLAGS): the setting holds
@@ -175,6 +183,77 @@ def make_target(target: str | None, devices: int, device_memory_gb: float | None
         devs, compiler = cpus[:devices], "cpu"
         name = f"{devices} x {device_memory_gb:g} GB (virtual CPU devices; CPU compiler)"
     return Target(name, tuple(devs), int(device_memory_gb * 1e9), compiler)
+
+
+def host_memory_bytes() -> int | None:
+    """Memory this host can give a process: MemTotal of /proc/meminfo, capped by the cgroup's
+    limit (a container's `memory.max` / `memory.limit_in_bytes`); None where neither is readable.
+    The total, not what is free now: the check refuses a run that cannot fit, not one that might
+    not fit beside today's other processes."""
+    limits = []
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemTotal:"):
+                    limits.append(int(line.split()[1]) * 1024)
+                    break
+    except (OSError, ValueError, IndexError):
+        pass
+    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            with open(path) as f:
+                raw = f.read().strip()
+        except OSError:
+            continue
+        if raw.isdigit() and int(raw) < 1 << 60:  # "max" / a huge number: no limit
+            limits.append(int(raw))
+    return min(limits) if limits else None
+
+
+def host_target() -> Target:
+    """The `Target` of this process's own run: its devices (`jax.devices()`, as the run's mesh
+    uses them) with the memory each can use: an accelerator's `memory_stats()` limit, or for CPU
+    devices the host's memory (`host_memory_bytes`) shared by this process's CPU devices, which
+    all allocate from it. Programs on it are built as the run builds them (`Target.own`).
+    Raises PlanError when the memory is unknown."""
+    import jax
+
+    from essa_jax.memory import device_memory_bytes
+
+    devs = tuple(jax.devices())
+    platform = devs[0].platform
+    if platform == "cpu":
+        host = host_memory_bytes()
+        if host is None:
+            raise PlanError("the host's memory is unknown (no /proc/meminfo)")
+        per_device = host // len(jax.local_devices())
+        where = f"host memory {host / 1e9:.1f} GB"
+        if len(jax.local_devices()) > 1:
+            where += f" shared by {len(jax.local_devices())} CPU devices"
+    else:
+        per_device = device_memory_bytes(devs[0])
+        if per_device is None:
+            raise PlanError(f"the memory of {devs[0].device_kind} is unknown (no memory_stats)")
+        where = f"{per_device / 1e9:.1f} GB per {devs[0].device_kind}"
+    name = f"this machine ({len(devs)} {platform} device{'s' if len(devs) > 1 else ''}, {where})"
+    return Target(name, devs, int(per_device), platform, own=True)
+
+
+def check_run_fits(config, *, headroom: float = DEFAULT_HEADROOM) -> list[ProgramPlan]:
+    """The memory plan of `config`'s run against this machine (`host_target`): every program the
+    run compiles, compiled ahead of time as the run compiles it. Returns the plans when all fit;
+    raises PlanError, one line naming the first program that does not fit, its bytes, the
+    machine's and the settings that shrink it, otherwise. `python -m essa_jax.main` calls it
+    after `validate_config` and before any weight is read, so a run that cannot fit (a population
+    of 10^6, a model larger than the host) ends in a second, not in the kernel's OOM killer."""
+    plans = plan_config(config, host_target(), headroom=headroom, chip=None)
+    for p in plans:
+        if not p.fits:
+            raise PlanError(
+                f"{failure_message(p)} (checked before any weight is read; --nomemory_check "
+                "skips it)"
+            )
+    return plans
 
 
 @dataclasses.dataclass
@@ -285,8 +364,10 @@ def _programs(config, mc, target: Target) -> list[Program]:
     from essa_jax.train.methods import get_method
     from essa_jax.train.pipeline import model_dtype
 
-    # A plan is for accelerators: virtual CPU devices stand in for GPUs ("auto" = bfloat16).
-    dtype = model_dtype(config.model.dtype, "gpu" if target.compiler == "cpu" else target.compiler)
+    # A plan is for accelerators: virtual CPU devices stand in for GPUs ("auto" = bfloat16); on
+    # the run's own devices, the run's dtype.
+    platform = "gpu" if target.compiler == "cpu" else target.compiler
+    dtype = model_dtype(config.model.dtype, None if target.own else platform)
     mesh = _dp_mesh(config, target)
     # Where the run keeps what every program shares: on one device without a mesh; replicated
     # over the mesh with the base weights split over its model axis (`mesh.place_params`).
@@ -336,7 +417,9 @@ def _programs(config, mc, target: Target) -> list[Program]:
         config=config,
         mc=mc,
         devices=tuple(target.devices),
-        device_memory_bytes=target.device_memory_bytes,
+        # The run's own programs choose their chunks as the run does (from the device's own
+        # memory statistics: none on a CPU, so no chunking), not from the plan's budget.
+        device_memory_bytes=None if target.own else target.device_memory_bytes,
         mesh=mesh,
         rep=rep,
         infer_base=infer_base,
@@ -458,12 +541,30 @@ def plan_config(
     from essa_jax.train.methods import validate_config
     from essa_jax.train.pipeline import check_data_parallel
 
+    if not (isinstance(headroom, int | float) and 0.0 <= headroom < 1.0):
+        # headroom >= 1 leaves a budget of zero or less: every program "does not fit".
+        raise PlanError(
+            f"--headroom {headroom}: expected the fraction of memory kept free, 0 <= h < 1 "
+            f"(default {DEFAULT_HEADROOM})"
+        )
     mc, _ = plan_model_config(config)
     try:
         validate_config(config, target.num_devices, model_config=mc)
         check_data_parallel(config, _dp_mesh(config, target))
     except ConfigError as e:
         raise PlanError(str(e)) from None
+    if programs is not None:
+        names = [p.name for p in _programs(config, mc, target)]
+        unknown = [p for p in programs if p not in names]
+        if unknown:
+            # Else a typo plans nothing and the empty table "fits".
+            raise PlanError(
+                f"--programs {','.join(unknown)}: not a program of this {config.method!r} run; "
+                f"its programs: {', '.join(names)}"
+            )
+    if target.own:
+        # The run's own decode path and compiler options: what this process would compile.
+        return _compile_all(config, mc, target, name, headroom, programs, log, chip)
     from essa_jax.models.generate import decode_layers
 
     # Decode as accelerators run it (the layer scan), also when XLA's CPU compiler stands in for a
@@ -491,6 +592,8 @@ def compiler_options(target: Target) -> dict[str, str]:
     XLA_FLAGS=--xla_disable_hlo_passes=while-loop-all-reduce-code-motion (docs/ARCHITECTURE.md,
     "Full-parameter training").
     """
+    if target.own:
+        return {}  # the run's own programs: compiled as the run compiles them
     if target.compiler == "cpu":
         return {"xla_disable_hlo_passes": "while-loop-invariant-code-motion"}
     return {"xla_disable_hlo_passes": "while-loop-all-reduce-code-motion"}
@@ -618,22 +721,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     if any(a in ("--help", "-h", "-?", "--helpshort", "--helpfull") for a in argv[1:]):
         print(f"{__doc__}\nFlags:\n{fv.get_help(prefix='  ', include_special_flags=False)}")
         return 0
-    from essa_jax.config import config_dir_on_path
-    from essa_jax.main import config_file_path
+    from essa_jax.main import parse_config_flags
 
-    path = config_file_path(argv)
-    try:
-        # The config file imports its neighbours (a user's strategy / weighting / method module).
-        with contextlib.nullcontext() if path is None else config_dir_on_path(path):
-            fv(argv)
-    except flags.Error as e:
-        print(f"error: {e}", file=sys.stderr)
+    # A missing or unreadable config file, one whose get_config() fails or returns no ConfigDict,
+    # an unknown field: one line, as `python -m essa_jax.main` says it.
+    rest = parse_config_flags(argv, fv)
+    if isinstance(rest, str):
+        print(f"error: {rest}", file=sys.stderr)
+        return 2
+    if len(rest) > 1:
+        print(f"error: unexpected arguments {rest[1:]} (see --help)", file=sys.stderr)
         return 2
     from essa_jax import distributed
 
     distributed.skip_absent_tpu()
     if holder.value is None:
-        print("error: --config is required", file=sys.stderr)
+        print("error: --config is required (experiments/configs/*.py)", file=sys.stderr)
+        return 2
+    if not (math.isfinite(fv.headroom) and 0.0 <= fv.headroom < 1.0):
+        print(
+            f"error: --headroom {fv.headroom}: expected the fraction of each device's memory kept "
+            f"free, 0 <= h < 1 (default {DEFAULT_HEADROOM})",
+            file=sys.stderr,
+        )
         return 2
     try:
         target = make_target(fv.target or None, fv.devices, fv.device_memory_gb)

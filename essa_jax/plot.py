@@ -13,14 +13,57 @@ import sys
 from typing import Any
 
 from essa_jax.evaluation import pass_at_k_values
-from essa_jax.train.metrics import read_metrics
+from essa_jax.train.metrics import METRICS_FILE
 
 
-def find_runs(parent: str) -> dict[str, list[dict[str, Any]]]:
-    """{run name: metric rows} for every sub-folder of `parent` with a metrics.jsonl."""
+class PlotError(Exception):
+    """A folder that holds nothing to plot (missing, no run with metrics, a damaged metrics
+    file): `main` prints it as one line and exits 2."""
+
+
+def read_rows(workdir: str, notes: list[str] | None = None) -> list[dict[str, Any]]:
+    """The rows of `<workdir>/metrics.jsonl` (empty if missing). A last line cut short (a run
+    still writing it, or killed mid-write) is skipped, with a note appended to `notes`; a bad
+    line before the last is a damaged file: PlotError naming the file and the line."""
+    path = os.path.join(workdir, METRICS_FILE)
+    if not os.path.exists(path):
+        return []
+    with open(path, encoding="utf-8", errors="replace") as f:
+        lines = [(i, ln) for i, ln in enumerate(f, 1) if ln.strip()]
+    rows = []
+    for k, (i, line) in enumerate(lines):
+        try:
+            row = json.loads(line)
+        except ValueError:
+            row = None
+        if isinstance(row, dict):
+            rows.append(row)
+        elif k == len(lines) - 1:
+            if notes is not None:
+                notes.append(
+                    f"{path}: line {i} is incomplete (a run writing it, or one killed mid-write); "
+                    "skipped"
+                )
+        else:
+            raise PlotError(
+                f"{path}: line {i} is not a JSON object: the file is damaged (a run writes one "
+                "row per line)"
+            )
+    return rows
+
+
+def find_runs(parent: str, notes: list[str] | None = None) -> dict[str, list[dict[str, Any]]]:
+    """{run name: metric rows} for every sub-folder of `parent` with a metrics.jsonl, or for
+    `parent` itself when it is one run's workdir (it holds metrics.jsonl). Notes on skipped
+    incomplete lines go to `notes` (`read_rows`)."""
+    if not os.path.isdir(parent):
+        raise PlotError(f"{parent}: no such folder (a folder of runs, or one run's workdir)")
+    if os.path.exists(os.path.join(parent, METRICS_FILE)):
+        rows = read_rows(parent, notes)
+        return {os.path.basename(os.path.abspath(parent)): rows} if rows else {}
     runs = {}
     for name in sorted(os.listdir(parent)):
-        rows = read_metrics(os.path.join(parent, name))
+        rows = read_rows(os.path.join(parent, name), notes)
         if rows:
             runs[name] = rows
     return runs
@@ -36,21 +79,26 @@ def _label(parent: str, name: str) -> str:
     return f"{name} ({method})" if method and method not in name else name
 
 
-def overlay(parent: str, out: str | None = None) -> str:
-    """Draw every run of `parent` on shared axes; return the PNG path."""
+def overlay(parent: str, out: str | None = None, notes: list[str] | None = None) -> str:
+    """Draw every run of `parent` (a folder of runs, or one run's workdir) on shared axes; return
+    the PNG path. Raises PlotError when there is nothing to draw; notes on skipped incomplete
+    lines go to `notes`."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    runs = find_runs(parent)
+    runs = find_runs(parent, notes)
     if not runs:
-        raise FileNotFoundError(f"no run folders with metrics.jsonl under {parent}")
+        raise PlotError(
+            f"{parent}: no run with metrics (no metrics.jsonl with a row in it or in a sub-folder; "
+            "a run writes <workdir>/metrics.jsonl from its first step)"
+        )
     fig, axes = plt.subplots(2, 2, figsize=(11, 7.5))
     for name, rows in runs.items():
         label = _label(parent, name)
-        train = [r for r in rows if r["phase"] == "train"]
-        ev = [r for r in rows if r["phase"] == "eval"]
+        train = [r for r in rows if r.get("phase") == "train" and "reward" in r]
+        ev = [r for r in rows if r.get("phase") == "eval" and "acc" in r]
         for col, axis in enumerate(("wall_s", "tokens")):
             if train:
                 axes[0, col].plot(
@@ -78,8 +126,10 @@ def overlay(parent: str, out: str | None = None) -> str:
 def table(parent: str) -> list[dict[str, Any]]:
     """One row per run with a summary.json: method, held-out before / after, wall-clock, tokens."""
     rows = []
-    for name in find_runs(parent):
-        path = os.path.join(parent, name, "summary.json")
+    runs = find_runs(parent)
+    single = os.path.exists(os.path.join(parent, METRICS_FILE))
+    for name in runs:
+        path = os.path.join(parent, *([] if single else [name]), "summary.json")
         if not os.path.exists(path):
             continue
         with open(path) as f:
@@ -196,15 +246,30 @@ def compare(parent: str, json_out: str, png_out: str | None = None) -> dict[str,
     return out
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> int:
+    """`python -m essa_jax.plot FOLDER [--json results.json]`: 0 with the plot written; 2 with one
+    line on stderr when the folder is missing, holds no run with metrics or a damaged metrics
+    file (a last line cut short is skipped with a one-line note, and the plot still made)."""
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) not in (1, 3) or (len(argv) == 3 and argv[1] != "--json"):
-        raise SystemExit("usage: python -m essa_jax.plot <folder of runs> [--json results.json]")
+        print(
+            "error: usage: python -m essa_jax.plot <folder of runs | a run's workdir> "
+            "[--json results.json]",
+            file=sys.stderr,
+        )
+        return 2
     parent = argv[0]
-    if len(argv) == 3:
-        res = compare(parent, argv[2])
-        print(json.dumps(res, indent=2))
-    path = overlay(parent)
+    notes: list[str] = []
+    try:
+        path = overlay(parent, notes=notes)
+        if len(argv) == 3:
+            res = compare(parent, argv[2])
+            print(json.dumps(res, indent=2))
+    except (PlotError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    for note in notes:
+        print(f"note: {note}", file=sys.stderr)
     rows = table(parent)
     if rows:
         cols = list(rows[0])
@@ -214,7 +279,8 @@ def main(argv: list[str] | None = None) -> None:
         for r in rows:
             print("  ".join(fmt(r[c]).ljust(w) for c, w in zip(cols, widths, strict=True)))
     print(f"wrote {path}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
