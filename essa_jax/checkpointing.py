@@ -11,6 +11,9 @@ Orbax writes a step into ``<dir>/<step>.orbax-checkpoint-tmp-<t>`` and renames i
 disk that filled, a file truncated or deleted afterwards, a copy that stopped half-way.
 `restore_latest_valid` tries the steps newest first and falls back, with a
 `CheckpointFallbackWarning` naming the step and the error, to the previous one;
+Damage the array reader cannot see (bytes changed inside an uncompressed chunk) is caught by a
+CRC-32 of every leaf written into the step's meta (`array_digests`) and checked on restore
+(`CheckpointDigestError`, a broken step like any other).
 `quarantine_step` renames a broken step out of the way (``<step>.corrupt-<t>``) so the next save
 of that step number does not collide with it.
 
@@ -52,6 +55,54 @@ class WorkdirError(RuntimeError):
 
 class CheckpointFallbackWarning(UserWarning):
     """A checkpoint step could not be restored; an older one is used instead."""
+
+
+class CheckpointDigestError(ValueError):
+    """An array read back from a checkpoint differs from the one written (its CRC-32 in the
+    checkpoint's meta): bytes damaged on disk or in a copy, which the array reader cannot see in
+    an uncompressed chunk. Treated as a broken step (fallback to the previous one)."""
+
+
+DIGESTS = "array_digests"  # meta key: {leaf path: "crc32:<hex>"} of the state written
+
+
+def _leaf_bytes(leaf: Any) -> memoryview:
+    """The bytes of one state leaf on this host (typed PRNG keys as their key data)."""
+    import numpy as np
+
+    if hasattr(leaf, "dtype") and jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key):
+        leaf = jax.random.key_data(leaf)
+    a = np.ascontiguousarray(np.asarray(jax.device_get(leaf)))
+    # A byte view: bfloat16 / int4 arrays do not export a buffer of their own dtype.
+    return memoryview(a.reshape(-1).view(np.uint8)) if a.size else memoryview(b"")
+
+
+def array_digests(state: Any) -> dict[str, str]:
+    """`{leaf path: "crc32:<8 hex>"}` of every leaf of `state` (host bytes, C order).
+
+    CRC-32 (zlib, ~1 GB/s on one core: ~1.5 s for a 1.6 GB full-parameter state) detects every
+    burst error up to 32 bits and any random damage with probability 1 - 2^-32; it guards
+    against damage, not against a forger."""
+    import zlib
+
+    flat, _ = jax.tree_util.tree_flatten_with_path(state)
+    return {
+        jax.tree_util.keystr(path): f"crc32:{zlib.crc32(_leaf_bytes(leaf)) & 0xFFFFFFFF:08x}"
+        for path, leaf in flat
+    }
+
+
+def check_digests(state: Any, written: dict[str, str], where: str) -> None:
+    """Raise CheckpointDigestError naming the first leaf of `state` whose digest differs from
+    `written` (a leaf missing on either side is a mismatch too)."""
+    read = array_digests(state)
+    for path in sorted(set(read) | set(written)):
+        if read.get(path) != written.get(path):
+            raise CheckpointDigestError(
+                f"array {path or '<root>'} of {where} does not match the digest written with it "
+                f"(written {written.get(path, '<absent>')}, read {read.get(path, '<absent>')}): "
+                "the checkpoint was damaged after it was written"
+            )
 
 
 def complete_steps(directory: str) -> list[int]:
@@ -216,6 +267,8 @@ class Checkpointer:
         OSError of that cause, naming the file (orbax reports it inside a ValueError, from
         several threads at once: what they print meanwhile is kept back); the partial step stays
         a temporary directory, never a step."""
+        # Digests of the host's state before it is placed: every process holds the same state.
+        meta = {**meta, DIGESTS: array_digests(state)}
         if jax.process_count() > 1:
             state = place(state, make_mesh())  # replicated over every process's devices
         with _stderr_kept_back() as release:
@@ -268,7 +321,11 @@ class Checkpointer:
         state = out["state"]
         if multi:
             state = jax.tree.map(lambda a: a.addressable_data(0), state)
-        return state, dict(out["meta"])
+        meta = dict(out["meta"])
+        written = meta.pop(DIGESTS, None)  # absent from checkpoints written before digests were
+        if written is not None:
+            check_digests(state, written, f"checkpoint step {step}")
+        return state, meta
 
     def close(self) -> None:
         self._mgr.wait_until_finished()
