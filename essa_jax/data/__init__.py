@@ -3,7 +3,8 @@
     load_examples(path, format="auto"|"gsm8k"|"math"|"generic", on_malformed=...)
         -> (examples, report)
     generate_task("add_2d", num_train=..., num_eval=..., seed=...) -> (train, eval)
-    load_task(config) -> Task(train, eval, prompt_format, reward, validation, ...)
+    load_task(config) -> Task(train, eval, prompt_format, reward, validation, ...): train never
+        shares a prompt with held-out / validation (`prompt_key`; `Task.duplicates_removed`)
     split_train_eval(examples, eval_fraction, seed); init_cursor / next_batch (resumable batches)
     build_prompt(example, tokenizer, format=<one of PROMPT_FORMATS>, system_prompt=...)
     prompt_token_ids(examples, tokenizer, max_prompt_tokens=..., on_too_long=...) -> PromptBatch
@@ -22,6 +23,8 @@ from .batching import (
     iterate_batches,
     next_batch,
     next_batch_indices,
+    prompt_key,
+    remove_heldout_duplicates,
     split_train_eval,
 )
 from .generated import GENERATED_TASKS, generate_task, is_generated_task
@@ -83,7 +86,9 @@ __all__ = [
     "next_batch",
     "next_batch_indices",
     "normalise_rows",
+    "prompt_key",
     "prompt_token_ids",
     "read_rows",
+    "remove_heldout_duplicates",
     "split_train_eval",
 ]

@@ -65,6 +65,41 @@ def canonical_key(example: dict[str, Any]) -> str:
     return " ".join(str(text).lower().split())
 
 
+def prompt_key(example: dict[str, Any]) -> str:
+    """The prompt an example poses, as the model reads it up to whitespace and case: every turn
+    of its chat `messages` when it has them, else its question. Unlike `canonical_key` it does
+    not identify "a + b" with "b + a": two examples with one `prompt_key` are the same prompt,
+    which a held-out set must never share with training (`remove_heldout_duplicates`)."""
+    messages = example.get("messages")
+    if isinstance(messages, list) and messages:
+        text = " | ".join(f"{m.get('role')}: {m.get('content')}" for m in messages)
+    else:
+        text = str(example.get("question", example.get("prompt", "")))
+    return " ".join(text.lower().split())
+
+
+def remove_heldout_duplicates(
+    train: Sequence[T], heldout: Sequence[dict[str, Any]], limit: int | None = None
+) -> tuple[list[T], int]:
+    """(train without the examples whose `prompt_key` a held-out example has, removed count).
+
+    With `limit`, at most `limit` examples are kept (the first ones that are not duplicates) and
+    only the duplicates met before the limit is reached are counted: the examples a duplicate
+    displaced from a training set of `limit`. The held-out examples are never changed, so the
+    evaluation set is the one the config names."""
+    seen = {prompt_key(ex) for ex in heldout}
+    kept: list[T] = []
+    removed = 0
+    for ex in train:
+        if limit is not None and len(kept) >= limit:
+            break
+        if prompt_key(ex) in seen:  # type: ignore[arg-type]
+            removed += 1
+        else:
+            kept.append(ex)
+    return kept, removed
+
+
 def disjoint_splits(
     test: Sequence[dict[str, Any]],
     validation: Sequence[dict[str, Any]],

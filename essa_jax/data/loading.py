@@ -17,21 +17,26 @@ Formats (`format=`):
   "gsm8k" when `question`/`answer` answers carry "####", else "generic".
 
 Files: `.jsonl`, `.json` (list of rows, or an object with one list of rows), `.parquet`, `.csv`,
-or a folder written by `Dataset.save_to_disk` / `DatasetDict.save_to_disk` (pick `split`).
-Everything is local; set HF_DATASETS_OFFLINE=1 to be sure nothing is fetched.
+or a folder written by `Dataset.save_to_disk` / `DatasetDict.save_to_disk` (pick `split`); any
+other folder is a `MalformedRowError` naming it. Everything is local; set HF_DATASETS_OFFLINE=1 to
+be sure nothing is fetched. HF `datasets` caches the Arrow conversion of a file under a
+fingerprint of its path and modification time, so a file rewritten with its old time kept
+(`cp -p`, `rsync -a`, `tar x`) would read as its old rows: the cache of a file is therefore kept
+under a SHA-256 of its bytes (`content_cache_dir`), and new content is always read anew.
 
 A normalised example is a dict with `id` (str), `question` (str), `prompt` (= question, the
 docs/ARCHITECTURE.md name), `answer` (str, non-empty except IFEval rows') and `solution` (str) when
 the source has one, `instruction_id_list` / `kwargs` for IFEval rows, plus any `extra_fields` copied
 as they are. Malformed rows (missing or empty field, a non-string question, a non-string non-numeric
-answer, no extractable answer) raise `MalformedRowError` naming the file and row index
-(`on_malformed="error"`), or are skipped and listed in the `LoadReport`
-(`on_malformed="skip"`).
+answer, no extractable answer, a line of a `.jsonl` that is not valid JSON) raise
+`MalformedRowError` naming the file and row index (`on_malformed="error"`), or are skipped and
+listed in the `LoadReport` (`on_malformed="skip"`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import logging
 import os
@@ -78,18 +83,36 @@ class LoadReport:
 # reading rows
 
 
-def _rows_from_python_json(path: Path) -> list[Any]:
+@dataclasses.dataclass(frozen=True)
+class UnparsableRow:
+    """A line of a `.jsonl` file that is not valid JSON, read with `on_malformed="skip"`: it keeps
+    its place among the rows (so later rows keep their indices) and `normalise_rows` skips and
+    counts it like any other malformed row."""
+
+    line: int
+    error: str
+
+
+def _rows_from_python_json(path: Path, on_malformed: str = "error") -> list[Any]:
     """Plain-json reader: the fallback when Arrow cannot unify the column types of a file (one
-    malformed row with a list where strings are expected), so the row can be named."""
+    malformed row with a list where strings are expected) or cannot parse a line, so the row can
+    be named. A `.jsonl` line that is not JSON raises, or with `on_malformed="skip"` becomes an
+    `UnparsableRow` in its place."""
     text = path.read_text()
-    if path.suffix == ".jsonl":
-        rows = []
+    if path.suffix.lower() == ".jsonl":
+        rows: list[Any] = []
         for i, line in enumerate(text.splitlines()):
             if line.strip():
                 try:
                     rows.append(json.loads(line))
                 except json.JSONDecodeError as e:
-                    raise MalformedRowError(f"{path}: line {i + 1} is not valid JSON: {e}") from e
+                    if on_malformed == "skip":
+                        rows.append(UnparsableRow(i + 1, str(e)))
+                        continue
+                    raise MalformedRowError(
+                        f"{path}: line {i + 1} is not valid JSON: {e} (to skip such lines, set "
+                        "--config.task.on_malformed=skip)"
+                    ) from e
         return rows
     data = json.loads(text)
     if isinstance(data, dict):
@@ -106,24 +129,39 @@ def _rows_from_python_json(path: Path) -> list[Any]:
 
 
 def read_rows(
-    path: str | os.PathLike, *, split: str | None = None, cache_dir: str | None = None
+    path: str | os.PathLike,
+    *,
+    split: str | None = None,
+    cache_dir: str | None = None,
+    on_malformed: str = "error",
 ) -> list[Any]:
-    """Raw rows (dicts) of a local task file or `save_to_disk` folder, via HF `datasets`."""
+    """Raw rows (dicts) of a local task file or `save_to_disk` folder, via HF `datasets`.
+
+    With `on_malformed="skip"` a `.jsonl` line that is not valid JSON is returned as an
+    `UnparsableRow` in its place (`normalise_rows` skips and counts it); else it raises
+    `MalformedRowError` naming the line."""
     import datasets
 
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"task data {path} does not exist")
     if path.is_dir():
-        ds = datasets.load_from_disk(str(path))
+        try:
+            ds = datasets.load_from_disk(str(path))
+        except FileNotFoundError:
+            raise MalformedRowError(
+                f"{path}: a folder that Dataset.save_to_disk / DatasetDict.save_to_disk did not "
+                f"write (no dataset_info.json / dataset_dict.json); valid task data: a "
+                f"{' / '.join(sorted(BUILDERS))} file or such a folder"
+            ) from None
         if isinstance(ds, datasets.DatasetDict):
             names = list(ds.keys())
             if split is None and len(names) == 1:
                 split = names[0]
             if split not in ds:
-                raise ValueError(
+                raise MalformedRowError(
                     f"{path} is a DatasetDict with splits {names}; pass split= one of them "
-                    f"(got {split!r})"
+                    f"(got {split!r}), or save the one split to read with Dataset.save_to_disk"
                 )
             ds = ds[split]
         return ds.to_list()
@@ -138,7 +176,7 @@ def read_rows(
     if suffix != ".parquet":
         _check_utf8(path)
     header_only = suffix == ".csv" and len(path.read_text().strip().splitlines()) <= 1
-    rows = [] if header_only else _read_file(path, BUILDERS[suffix], cache_dir)
+    rows = [] if header_only else _read_file(path, BUILDERS[suffix], cache_dir, on_malformed)
     if not rows:
         raise MalformedRowError(
             f"{path}: no rows (a header or an empty list only); a task file holds one row per "
@@ -166,22 +204,44 @@ def _check_utf8(path: Path) -> None:
         ) from None
 
 
-def _read_file(path: Path, builder: str, cache_dir: str | None) -> list[Any]:
-    """The rows of a task file through HF `datasets` (plain JSON when Arrow cannot unify it)."""
+def content_cache_dir(path: str | os.PathLike, cache_dir: str | None = None) -> str:
+    """The HF datasets cache folder of the file at `path`: `<cache_dir or HF's>/essa_jax_files/
+    <SHA-256 of its bytes>`. HF keys its cache on path and modification time only (module
+    docstring), so a rewrite that keeps the time would be served the old rows; under a folder of
+    its content, a changed file never meets an old cache entry, and equal files share one."""
     import datasets
 
-    kwargs = {"cache_dir": cache_dir} if cache_dir else {}
-    # A local file reads in a blink: no progress bars on the run's stderr (restored after).
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    base = cache_dir or str(datasets.config.HF_DATASETS_CACHE)
+    return os.path.join(base, "essa_jax_files", digest.hexdigest())
+
+
+def _read_file(
+    path: Path, builder: str, cache_dir: str | None, on_malformed: str = "error"
+) -> list[Any]:
+    """The rows of a task file through HF `datasets` (plain JSON when Arrow cannot read it),
+    cached by content (`content_cache_dir`)."""
+    import datasets
+
+    kwargs = {"cache_dir": content_cache_dir(path, cache_dir)}
+    # A local file reads in a blink: no progress bars on the run's stderr (restored after), and
+    # no "Failed to load JSON" log line of the builder: the plain-JSON reader below names the row.
     bars_were_off = datasets.utils.logging.is_progress_bar_enabled() is False
+    verbosity = datasets.utils.logging.get_verbosity()
     datasets.disable_progress_bars()
+    datasets.utils.logging.set_verbosity(datasets.utils.logging.CRITICAL)
     try:
         ds = datasets.load_dataset(builder, data_files=str(path), split="train", **kwargs)
     except Exception as e:
         if builder != "json":
             raise
         log.info("datasets could not read %s (%s); reading it as plain JSON", path, e)
-        return _rows_from_python_json(path)
+        return _rows_from_python_json(path, on_malformed)
     finally:
+        datasets.utils.logging.set_verbosity(verbosity)
         if not bars_were_off:
             datasets.enable_progress_bars()
     return ds.to_list()
@@ -228,6 +288,8 @@ def _messages(value: Any) -> list[dict[str, str]] | None:
 
 
 def _normalise(row: Any, fmt: str, fields: dict[str, str | None]) -> dict[str, Any]:
+    if isinstance(row, UnparsableRow):
+        raise _Bad(f"line {row.line} is not valid JSON: {row.error}")
     if not isinstance(row, dict):
         raise _Bad(f"row is a {type(row).__name__}, expected an object")
     ex: dict[str, Any] = {}
@@ -395,9 +457,10 @@ def load_examples(
       on_malformed: "error" raises `MalformedRowError` naming file and row; "skip" drops the row
         and records (row index, reason) in `report.skipped`.
       split: the split of a saved DatasetDict.
-      cache_dir: HF datasets cache for the converted Arrow files (default: HF's).
+      cache_dir: HF datasets cache for the converted Arrow files (default: HF's), kept under a
+        folder of each file's content (`content_cache_dir`).
     """
-    rows = read_rows(path, split=split, cache_dir=cache_dir)
+    rows = read_rows(path, split=split, cache_dir=cache_dir, on_malformed=on_malformed)
     return normalise_rows(
         rows,
         source=str(path),

@@ -13,14 +13,17 @@ fields are an error naming the valid ones.
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Mapping
 from typing import Any
 
-from .batching import check_disjoint, disjoint_splits, split_train_eval
+from .batching import check_disjoint, disjoint_splits, remove_heldout_duplicates, split_train_eval
 from .generated import generate_task as _generate
 from .generated import is_generated_task
-from .loading import LoadReport, load_examples
+from .loading import LoadReport, MalformedRowError, load_examples
 from .prompts import PREFILL_FORMATS, PROMPT_FORMATS
+
+log = logging.getLogger(__name__)
 
 # field -> (default, meaning)
 TASK_FIELDS: dict[str, tuple[Any, str]] = {
@@ -79,6 +82,9 @@ class Task:
     # `canonical_key`; `overlap_removed` counts the problems dropped to make it so.
     validation: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     overlap_removed: dict[str, int] = dataclasses.field(default_factory=dict)
+    # Training examples dropped because a held-out or validation example has the same prompt
+    # (`prompt_key`): a file with duplicate rows must not test on prompts it trained on.
+    duplicates_removed: int = 0
 
     def prompt_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for `build_prompt` / `prompt_token_ids`."""
@@ -157,10 +163,26 @@ def load_task(config: Any) -> Task:
                 f"num_validation={num_val} leaves no training examples of {len(train)}"
             )
         validation, train, removed = disjoint_splits(evals, train[:num_val], train[num_val:])
-    if cfg["max_train"] is not None:
-        train = train[: cfg["max_train"]]
     if cfg["max_eval"] is not None:
         evals = evals[: cfg["max_eval"]]
+    # After the held-out set is final and before train is cut to max_train: a training example
+    # whose prompt a held-out (or validation) example has is dropped, and the next one takes its
+    # place (none is dropped, and nothing changes, when the splits share no prompt).
+    train, duplicates = remove_heldout_duplicates(train, evals + validation, cfg["max_train"])
+    if duplicates:
+        log.warning(
+            "%s: removed %d training examples whose prompt a held-out or validation example "
+            "has (identical up to whitespace and case); %d training examples remain",
+            cfg["train_path"] or cfg["name"],
+            duplicates,
+            len(train),
+        )
+    if not train:
+        raise MalformedRowError(
+            f"task {cfg['train_path'] or cfg['name']!r}: no training example is left once the "
+            f"{duplicates} whose prompt the held-out set has are removed; give task.eval_path a "
+            "file of other prompts, or split the training file (task.eval_fraction)"
+        )
     if num_val:
         check_disjoint({"test": evals, "validation": validation, "train": train})
     fmt = cfg["prompt_format"] or default_format
@@ -187,4 +209,5 @@ def load_task(config: Any) -> Task:
         reports=reports,
         validation=validation,
         overlap_removed=removed,
+        duplicates_removed=duplicates,
     )

@@ -197,5 +197,107 @@ def test_load_task_files_and_heldout_fraction(tmp_path):
     again = load_task({"train_path": str(path), "eval_fraction": 0.25, "seed": 5})
     assert [e["id"] for e in again.eval] == [e["id"] for e in task.eval]
     assert task.prompt_format == "chat" and task.reward == "math"
+    # The same file as held-out: the 3 held-out prompts leave train (test_heldout_duplicates_*).
     separate = load_task({"train_path": str(path), "eval_path": str(path), "max_eval": 3})
-    assert len(separate.train) == 20 and len(separate.eval) == 3
+    assert len(separate.train) == 17 and len(separate.eval) == 3
+    assert separate.duplicates_removed == 3 and task.duplicates_removed == 0
+
+
+def test_rewritten_file_with_its_old_mtime_reads_the_new_rows(tmp_path, cache):
+    """`cp -p`, `rsync -a` and `tar x` keep a file's modification time: HF datasets' cache (path +
+    mtime) would hand back the old rows; the content-keyed cache reads the new ones."""
+    import os
+
+    path = _write_jsonl(
+        tmp_path / "t.jsonl", [{"question": f"old {i}", "answer": "1"} for i in range(3)]
+    )
+    before = os.stat(path)
+    old, _ = load_examples(path, cache_dir=cache)
+    assert [e["question"] for e in old] == ["old 0", "old 1", "old 2"]
+    _write_jsonl(path, [{"question": f"new {i}", "answer": "2"} for i in range(3)])
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert os.stat(path).st_mtime_ns == before.st_mtime_ns
+    new, _ = load_examples(path, cache_dir=cache)
+    assert [e["question"] for e in new] == ["new 0", "new 1", "new 2"]
+    assert [e["answer"] for e in new] == ["2", "2", "2"]
+
+
+def test_folder_not_written_by_save_to_disk_is_one_clear_error(tmp_path):
+    folder = tmp_path / "rows"
+    folder.mkdir()
+    _write_jsonl(folder / "part-0.jsonl", GSM8K_ROWS)
+    with pytest.raises(MalformedRowError) as err:
+        load_examples(folder)
+    msg = str(err.value)
+    assert str(folder) in msg and "save_to_disk" in msg and ".jsonl" in msg
+    assert "\n" not in msg
+
+
+def test_invalid_json_line_is_skipped_and_counted(tmp_path, cache):
+    lines = [json.dumps({"question": f"q{i}", "answer": str(i)}) for i in range(4)]
+    lines.insert(2, '{"question": "cut short", ')
+    path = tmp_path / "t.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(MalformedRowError, match=r"line 3 is not valid JSON.*on_malformed=skip"):
+        load_examples(path, cache_dir=cache)
+    examples, report = load_examples(path, on_malformed="skip", cache_dir=cache)
+    assert [e["question"] for e in examples] == ["q0", "q1", "q2", "q3"]
+    assert report.rows == 5 and report.kept == 4 and report.num_skipped == 1
+    assert report.skipped[0][0] == 2 and "line 3 is not valid JSON" in report.skipped[0][1]
+    # Later rows keep their file positions: the ids of rows 3 and 4 (counting from 0).
+    assert [e["id"] for e in examples] == ["t-0", "t-1", "t-3", "t-4"]
+
+
+def test_heldout_duplicates_leave_train_with_a_count_and_a_warning(tmp_path, caplog):
+    """A training file sharing prompts with the held-out file (or with itself, split by
+    eval_fraction) must not test on prompts it trained on: those training rows are dropped,
+    counted in `Task.duplicates_removed` and named in one warning line."""
+    from essa_jax.data import prompt_key
+
+    rows = [{"question": f"What is {i} + 1?", "answer": str(i + 1)} for i in range(10)]
+    train = _write_jsonl(tmp_path / "train.jsonl", rows)
+    # Held-out: rows 2 and 5 again (one with other spacing and case), and two new prompts.
+    held = [
+        rows[2],
+        {"question": "  what IS 5 +  1? ", "answer": "6"},
+        {"question": "What is 40 + 1?", "answer": "41"},
+        {"question": "What is 1 + 40?", "answer": "41"},  # swapped operands: another prompt
+    ]
+    heldout = _write_jsonl(tmp_path / "held.jsonl", held)
+    with caplog.at_level("WARNING", logger="essa_jax.data.tasks"):
+        task = load_task({"train_path": str(train), "eval_path": str(heldout)})
+    assert task.duplicates_removed == 2 and len(task.train) == 8 and len(task.eval) == 4
+    assert not {prompt_key(e) for e in task.train} & {prompt_key(e) for e in task.eval}
+    assert [
+        e["question"] for e in task.train if "2 +" in e["question"] or "5 +" in e["question"]
+    ] == []
+    (line,) = [r.getMessage() for r in caplog.records if "removed" in r.getMessage()]
+    assert "removed 2 training examples" in line and "8 training examples remain" in line
+    # max_train counts kept examples: the next training rows take the removed ones' places, and
+    # only the duplicates met before the limit count.
+    capped = load_task({"train_path": str(train), "eval_path": str(heldout), "max_train": 4})
+    assert [e["question"] for e in capped.train] == [f"What is {i} + 1?" for i in (0, 1, 3, 4)]
+    assert capped.duplicates_removed == 1
+    # Duplicate rows inside one file split by eval_fraction: no copy stays on both sides.
+    dup = _write_jsonl(tmp_path / "dup.jsonl", rows + rows)
+    split = load_task({"train_path": str(dup), "eval_fraction": 0.3, "seed": 0})
+    assert not {prompt_key(e) for e in split.train} & {prompt_key(e) for e in split.eval}
+    assert split.duplicates_removed > 0
+    assert len(split.train) + len(split.eval) + split.duplicates_removed == 20
+    # Every training prompt a held-out one: one clear error, not an empty training set.
+    with pytest.raises(MalformedRowError, match="no training example is left"):
+        load_task({"train_path": str(train), "eval_path": str(train)})
+
+
+@pytest.mark.parametrize(
+    "name", ["add_2d", "mul_1d", "arith_mixed", "word_problems", "instructions"]
+)
+def test_generated_tasks_share_no_prompt_and_stay_unchanged(name):
+    """The generators' splits share no prompt: the duplicate check removes nothing, so their
+    training sets are the ones earlier runs trained on."""
+    from essa_jax.data import generate_task
+
+    task = load_task({"name": name, "num_train": 64, "num_eval": 16, "seed": 0})
+    train, _ = generate_task(name, num_train=64, num_eval=16, seed=0)
+    assert task.duplicates_removed == 0
+    assert [e["question"] for e in task.train] == [e["question"] for e in train]
