@@ -85,6 +85,7 @@ def _load(args: argparse.Namespace) -> tuple[Any, Any, Any, Any, str]:
             raise EvalUsageError(f"--run {args.run}: no config.json (not a run's workdir)")
         config = ml_collections.ConfigDict(json.loads(cfg_path.read_text()))
         adapter = None if args.no_adapter else (args.adapter or str(Path(args.run) / "adapter"))
+        check_adapter_is_latest(args, adapter)
     else:
         config = ml_collections.ConfigDict(
             {"seed": 0, "model": {"path": args.model, "dtype": "auto", "tokenizer": ""}}
@@ -103,6 +104,61 @@ def _load(args: argparse.Namespace) -> tuple[Any, Any, Any, Any, str]:
         _, lora = import_peft(adapter, model_config)
     what = f"{config.model.path}" + (f" + adapter {adapter}" if adapter else "")
     return model_config, params, tokenizer, lora, what
+
+
+def check_adapter_is_latest(args: argparse.Namespace, adapter: str | None) -> None:
+    """EvalUsageError when `adapter` is a run's export older than the run's latest checkpoint (a
+    finished run resumed for more steps and stopped before its new end: adapter/ and
+    summary.json are from the earlier end; `train.export_record.stale_export`), unless
+    `--allow_stale_adapter`. Checked before the model is loaded."""
+    if adapter is None or args.allow_stale_adapter or not Path(adapter).is_dir():
+        return
+    from essa_jax.train.export_record import stale_export
+
+    # The run's own checkpoints judge its adapter, also one given with --adapter inside it.
+    inside = Path(adapter).resolve().parent == Path(args.run).resolve()
+    stale = stale_export(adapter, args.run if inside else None)
+    if stale:
+        raise EvalUsageError(f"{stale}; or --allow_stale_adapter to evaluate this one anyway")
+
+
+# Errors of `datasets` / `huggingface_hub` that mean "this data is not here and would have to be
+# downloaded" (HF_DATASETS_OFFLINE / HF_HUB_OFFLINE are set: nothing is).
+_OFFLINE_ERRORS = (
+    "OfflineModeIsEnabled",
+    "LocalEntryNotFoundError",
+    "DatasetNotFoundError",
+    "ConnectionError",
+    "on the Hub",
+)
+
+
+def _offline_data_error(tasks: list[str], e: BaseException) -> EvalUsageError | None:
+    """The one-line EvalUsageError for `e`, raised while lm-eval loaded `tasks`, when it says the
+    data is not available offline; None for any other error (a bug keeps its traceback)."""
+    import re
+
+    chain, seen = [], set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        chain.append(e)
+        e = e.__cause__ or e.__context__
+    text = " ".join(f"{type(x).__name__}: {x}" for x in chain)
+    if not any(m in text for m in _OFFLINE_ERRORS):
+        return None
+    found = re.search(r"reach '([^']+)'|[Dd]ataset '([^']+)'", text)
+    data = f" ({next(g for g in found.groups() if g)})" if found else ""
+    hint = (
+        "--ifeval_file FILE runs IFEval on a local IFEval-format jsonl (e.g. google/IFEval saved "
+        "as jsonl, or a generated task's held-out rows)"
+        if any(t.startswith("ifeval") for t in tasks)
+        else "give the task's data locally: a task YAML with dataset_path: json and data_files, "
+        "found through --include_path DIR"
+    )
+    return EvalUsageError(
+        f"the data of task(s) {','.join(tasks)}{data} is not available offline (not in the "
+        f"Hugging Face cache, and nothing is downloaded); {hint}"
+    )
 
 
 def evaluate(args: argparse.Namespace) -> dict[str, Any]:
@@ -134,6 +190,17 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
             f"unknown lm-eval task(s) {unknown}; a task of your own needs --include_path DIR "
             "(its YAML), IFEval on a local file --ifeval_file FILE"
         )
+    try:
+        # The tasks' data before the model: a benchmark whose data is on the hub (not cached)
+        # fails here, offline, in one line instead of a traceback after the model loaded.
+        loaded = manager.load(tasks)
+    except Exception as e:  # datasets / huggingface_hub raise their own classes
+        offline = _offline_data_error(tasks, e)
+        if offline is None:
+            raise
+        raise offline from e
+    # Loaded once: the Task objects go to simple_evaluate (groups by name, to keep their scores).
+    task_arg = tasks if loaded.get("groups") else list(loaded["tasks"].values())
     model_config, params, tokenizer, lora, what = _load(args)
     lm = EssaJaxLM(
         model_config,
@@ -148,7 +215,7 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
     gen_kwargs = f"max_gen_toks={args.max_gen_toks}" if args.max_gen_toks else None
     out = simple_evaluate(
         model=lm,
-        tasks=tasks,
+        tasks=task_arg,
         task_manager=manager,
         limit=args.limit,
         apply_chat_template=args.apply_chat_template,
@@ -182,6 +249,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     src.add_argument("--model", help="model path / name (as config.model.path)")
     p.add_argument("--adapter", help="PEFT adapter folder (default with --run: <run>/adapter)")
     p.add_argument("--no_adapter", action="store_true", help="evaluate the run's base model")
+    p.add_argument(
+        "--allow_stale_adapter",
+        action="store_true",
+        help="evaluate the run's adapter/ even when the run has a newer checkpoint (it was "
+        "resumed and stopped before its end)",
+    )
     p.add_argument("--dtype", default="", help="float32 | bfloat16 | auto (default: the run's)")
     p.add_argument("--tasks", default="", help="lm-eval task names, comma-separated")
     p.add_argument("--include_path", default="", help="folders of task YAMLs, comma-separated")

@@ -50,6 +50,7 @@ from essa_jax.checkpointing import (
     CheckpointFallbackWarning,
     WorkdirError,
     restore_checkpointer_with_fallback,
+    shape_differences,
 )
 from essa_jax.config import search_seed
 from essa_jax.evaluation import heldout_accuracy, heldout_pass_at_k
@@ -64,15 +65,19 @@ from essa_jax.models.export import save_hf_dir
 from essa_jax.models.loading import RANDOM_PREFIX
 from essa_jax.preemption import Preempted, PreemptionGuard
 from essa_jax.train import summary as summary_lib
+from essa_jax.train.export_record import stale_export, write_export_record
 from essa_jax.train.methods import check_rows, get_method, validate_config
 from essa_jax.train.metrics import MetricsLogger, Progress
 from essa_jax.train.rollouts import PromptSet, Sampler, policy_sample_fn
 from essa_jax.train.sft import train_sft
-from essa_jax.train.tasks import encode_split
 from essa_jax.workdir import (
     CONFIG_FILE,
+    FIXED_AT_START,
     WorkdirLock,
     check_resume,
+    config_changes,
+    describe_changes,
+    read_record,
     remove_partial_checkpoints,
     replace_dir,
     write_text_atomic,
@@ -125,6 +130,10 @@ class Run:
     mesh: Any = None  # SFT's and GRPO's mesh (`data_parallel_mesh`); None = one device
     # Task-file rows dropped as malformed (task.on_malformed = "skip"); 0 for generated tasks.
     malformed_skipped: int = 0
+    # Training examples dropped for sharing a prompt with held-out / validation (data.load_task).
+    duplicates_removed: int = 0
+    # The counts of what the reward could not score (train.reward_counts); built by build_run.
+    reward_counter: Any = None
     # The base every program after SFT runs on (ESSA's population, GRPO, held-out evaluation):
     # `params` with the projections in `model.quantize` form; `params` itself when "none".
     infer_params: Any = None
@@ -146,8 +155,8 @@ class Run:
             print(msg, flush=True)
 
 
-def load_model(config) -> tuple[Any, Any, Any]:
-    """(ModelConfig, params, tokenizer) of `config.model`."""
+def load_model(config, tokenizer: Any = None) -> tuple[Any, Any, Any]:
+    """(ModelConfig, params, tokenizer) of `config.model` (`tokenizer`: one already loaded)."""
     from essa_jax.models import load_pretrained, load_tokenizer
 
     dtype = model_dtype(config.model.dtype)
@@ -156,11 +165,32 @@ def load_model(config) -> tuple[Any, Any, Any]:
         from essa_jax.models.tiny import CharTokenizer, tiny_model
 
         model_config, params = tiny_model(path[len(RANDOM_PREFIX) :], config.seed, dtype)
-        return model_config, params, CharTokenizer()
+        return model_config, params, tokenizer or CharTokenizer()
     # The tokenizer first: a directory without tokenizer files fails before the weights are read.
-    tokenizer = load_tokenizer(config.model.tokenizer or path)
+    tokenizer = tokenizer or load_tokenizer(config.model.tokenizer or path)
     model_config, params = load_pretrained(path, dtype)
     return model_config, params, tokenizer
+
+
+def load_tokenizer_and_header(config) -> tuple[Any, Any]:
+    """(tokenizer, ModelConfig or None) of `config.model` without its weights: the header
+    (`config.peek_or_none`) is None where the shape cannot be read without them."""
+    from essa_jax.config import peek_or_none
+
+    path = config.model.path
+    if path.startswith(RANDOM_PREFIX):
+        from essa_jax.models.tiny import CharTokenizer
+
+        return CharTokenizer(), peek_or_none(path)
+    from essa_jax.models import load_tokenizer
+
+    return load_tokenizer(config.model.tokenizer or path), peek_or_none(path)
+
+
+def _same_ids(a: Any, b: Any) -> bool:
+    """Whether two ModelConfigs tokenise and fit prompts alike (pad, EOS, context)."""
+    keys = ("effective_pad_id", "eos_token_ids", "max_position_embeddings")
+    return all(getattr(a, k) == getattr(b, k) for k in keys)
 
 
 def quantized_base(config, model_config: Any, params: Any) -> Any:
@@ -208,30 +238,28 @@ def _key_data(key: jax.Array) -> jax.Array:
 
 def build_run(config, workdir: str, *, verbose: bool = True) -> Run:
     """Load the model and task of `config` into a Run (no training)."""
-    from essa_jax.train.tasks import load_task
+    from essa_jax.train.reward_counts import RewardCounter
+    from essa_jax.train.tasks import encode_task, load_task
 
     t0 = time.perf_counter()
-    # The task first: a data file that cannot be read fails before any weight is read.
+    # The task first: a data file that cannot be read fails before any weight is read; then the
+    # tokenizer and the model's header: prompts that cannot run (all longer than
+    # task.max_prompt_tokens, or past the model's context) fail before the weights are read too.
     task, reward_fn = load_task(config.task, config.seed)
-    model_config, params, tokenizer = load_model(config)
+    tokenizer, header = load_tokenizer_and_header(config)
+    encoded = encode_task(config, task, tokenizer, header) if header is not None else None
+    model_config, params, tokenizer = load_model(config, tokenizer)
+    if encoded is None or not _same_ids(header, model_config):
+        encoded = encode_task(config, task, tokenizer, model_config)
     lora_config = lora_lib.LoraConfig(
         rank=config.lora.rank, alpha=float(config.lora.alpha), targets=tuple(config.lora.targets)
     )
     lora_config.validate_for(model_config)
     eos = tuple(model_config.eos_token_ids) or (tokenizer.eos_token_id,)
     pad = model_config.effective_pad_id
-    enc = dict(max_prompt_tokens=config.task.max_prompt_tokens, pad_id=pad, eos_id=eos[0])
-    train, dropped_train = encode_split(tokenizer, task.train, task, **enc)
-    heldout, dropped_heldout = encode_split(tokenizer, task.eval, task, **enc)
-    validation = None
-    if task.validation:
-        validation, _ = encode_split(tokenizer, task.validation, task, **enc)
-    # One prompt width for every split: every generation program compiles once.
-    splits = [train, heldout] + ([validation] if validation is not None else [])
-    width = max(d.tokens.shape[1] for d in splits)
-    train, heldout = train.pad_to(width, pad), heldout.pad_to(width, pad)
-    if validation is not None:
-        validation = validation.pad_to(width, pad)
+    # One prompt width for every split (encode_task): every generation program compiles once.
+    train, heldout, validation = encoded.train, encoded.heldout, encoded.validation
+    dropped_train, dropped_heldout = encoded.dropped_train, encoded.dropped_heldout
     sampler = Sampler(model_config, config.generation.max_new_tokens, eos, pad)
     mesh = data_parallel_mesh(config)
     if int(config.mesh.model) > 1:
@@ -265,6 +293,12 @@ def build_run(config, workdir: str, *, verbose: bool = True) -> Run:
         malformed_skipped=sum(r.num_skipped for r in task.reports),
         infer_params=infer_params,
         validation=validation,
+        duplicates_removed=task.duplicates_removed,
+        reward_counter=RewardCounter(
+            reward_fn,
+            float(config.task.get("max_reward_failure_fraction", 0.1)),
+            name=task.reward,
+        ),
     )
     check_data_parallel(config, run.mesh)
     run.log(
@@ -273,6 +307,11 @@ def build_run(config, workdir: str, *, verbose: bool = True) -> Run:
         f"<= {train.tokens.shape[1]} / {heldout.tokens.shape[1]} tokens "
         f"(dropped {dropped_train} / {dropped_heldout} too long"
         + (f"; {run.malformed_skipped} malformed rows skipped" if run.malformed_skipped else "")
+        + (
+            f"; {run.duplicates_removed} training examples removed: their prompt is a held-out one"
+            if run.duplicates_removed
+            else ""
+        )
         + f"), loaded in {time.perf_counter() - t0:.1f}s"
     )
     if validation is not None:
@@ -409,6 +448,12 @@ def _read_sft_adapter(run: Run, path: str, full: bool) -> Any:
     targets must be `lora.*`'s (ConfigError naming the difference otherwise)."""
     from essa_jax.config import ConfigError
 
+    stale = stale_export(path)
+    if stale:
+        # A run resumed past its export and stopped: its adapter/ is not the run's result.
+        raise ConfigError(
+            "sft.init_from", path, "the latest export of a run (or a folder outside a run)", stale
+        )
     try:
         lora_config, lora = lora_lib.import_peft(path, run.model_config)
     except (OSError, ValueError) as e:
@@ -509,14 +554,17 @@ def _train_and_evaluate(config, workdir, resume, verbose, allow_config_change, g
             "use a new --workdir"
         )
     record = json.loads(config.to_json_best_effort())
+    forced: dict = {}
     if latest is not None:
-        # Refused before anything is written: config.json stays the record of the run.
-        line = check_resume(
-            workdir, record, latest, allow_change=allow_config_change, record_changes=_is_main()
+        # Refused before anything is written: config.json stays the record of the run. An
+        # accepted change is recorded (config_changes.jsonl, config.json) only once the state
+        # has been restored with it.
+        check_resume(
+            workdir, record, latest, allow_change=allow_config_change, record_changes=False
         )
-        if line and verbose and _is_main():
-            print(line, flush=True)
-    if _is_main():
+        old = read_record(workdir)
+        forced = config_changes(old, record)[0] if old is not None else {}
+    elif _is_main():
         write_text_atomic(os.path.join(workdir, CONFIG_FILE), json.dumps(record, indent=2) + "\n")
 
     run = build_run(config, workdir, verbose=verbose)
@@ -533,6 +581,7 @@ def _train_and_evaluate(config, workdir, resume, verbose, allow_config_change, g
         )
         meta = {**info, "wall_s": 0.0, "cpu_s": 0.0, "tokens": 0, "rollouts": 0, "history": []}
         meta["load_at_start"] = load_average()
+        meta["reward_counts"] = run.reward_counter.totals()
         if loop is None:
             state = {"lora": sft_lora}
         else:
@@ -543,6 +592,17 @@ def _train_and_evaluate(config, workdir, resume, verbose, allow_config_change, g
         run.logger.restore(meta["history"])
     else:
         template = _template(run, loop, k_loop)
+        saved = ckpt.saved_shapes(latest)
+        diffs = shape_differences(template, saved) if saved is not None else []
+        if diffs:
+            # Decided from the step's metadata, before any restore: a restore that fails on
+            # shapes would otherwise count as a broken checkpoint and be quarantined.
+            what = describe_changes(forced) if forced else "the config"
+            raise WorkdirError(
+                f"cannot resume {workdir} at step {latest}: {what} changes the saved state's "
+                f"shapes ({'; '.join(diffs[:3])}{'; ...' if len(diffs) > 3 else ''}); nothing was "
+                "changed: resume with the run's own values or start a new --workdir"
+            )
         # A newest step that cannot be read (truncated, half-copied) is quarantined with a
         # CheckpointFallbackWarning and the previous one resumed instead.
         # When none can be read, the one error line says why for each step (no warnings first).
@@ -564,7 +624,26 @@ def _train_and_evaluate(config, workdir, resume, verbose, allow_config_change, g
         for w in caught:
             warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
         latest, state, meta = restored
+        # What the reward could not score up to that checkpoint: the run's totals go on from it
+        # (checkpoint 0's are its SFT evaluation's, which a resume from it scores anew).
+        run.reward_counter.base.update(meta.get("reward_counts", {}) if latest else {})
         guard.last_checkpoint = latest
+        line = check_resume(
+            workdir, record, latest, allow_change=allow_config_change, record_changes=_is_main()
+        )
+        if line and verbose and _is_main():
+            print(line, flush=True)
+        for field in sorted(f for f in forced if f.startswith(FIXED_AT_START)):
+            # The field is read when a run starts; the restored state carries its own value.
+            run.log(
+                f"note: {field} {describe_changes({field: forced[field]}).split(' ', 1)[1]} "
+                f"takes no effect: it is read only when a run starts, and the state restored "
+                f"from step {latest} keeps the value it started with"
+            )
+        if _is_main():
+            write_text_atomic(
+                os.path.join(workdir, CONFIG_FILE), json.dumps(record, indent=2) + "\n"
+            )
         ckpt.reload()
         run.log(f"resuming from {workdir}/checkpoints/{latest}")
         if latest == 0:
@@ -582,6 +661,9 @@ def _train_and_evaluate(config, workdir, resume, verbose, allow_config_change, g
         export = loop.export_lora(state)
     else:
         final_lora = export = state["lora"]
+    # The step the export is from (the latest checkpoint, the loop's end): its readers compare it
+    # with the workdir's latest checkpoint (train.export_record).
+    final_step = ckpt.latest_step() or 0
     ckpt.close()
 
     t_eval = time.perf_counter()
@@ -595,6 +677,11 @@ def _train_and_evaluate(config, workdir, resume, verbose, allow_config_change, g
     summary["final_eval_seconds"] = t_pass - t_eval
     summary["pass_k_seconds"] = time.perf_counter() - t_pass
     summary["malformed_rows_skipped"] = run.malformed_skipped
+    summary["heldout_duplicates_removed"] = run.duplicates_removed
+    # Completions the reward could not score (raised, NaN / inf, timed out), over the whole run.
+    summary.update(run.reward_counter.totals())
+    if run.verbose:
+        run.reward_counter.warn_totals(summary)
     if _is_main():
         # Written beside the previous export, then renamed over it: a full disk never leaves a
         # partial adapter or model where a good one was.
@@ -616,6 +703,7 @@ def _train_and_evaluate(config, workdir, resume, verbose, allow_config_change, g
                 run.lora_config,
                 base_model_name_or_path=config.model.path,
             )
+        write_export_record(f"{out}.tmp-{os.getpid()}", final_step, config.method)
         replace_dir(f"{out}.tmp-{os.getpid()}", out)
         summary_lib.write_summary(workdir, summary, verbose=run.verbose)
         title = f"{config.method} {config.task.name}"
@@ -752,8 +840,10 @@ def _run_loop(run: Run, loop, state, meta: dict, ckpt: Checkpointer, guard: Pree
             if max_cpu and cpu >= max_cpu:
                 run.log(f"stopping at step {step}: CPU-time budget {max_cpu}s reached")
                 break
+            run.reward_counter.step_begin()  # the step's reward calls alone (no evaluation's)
             t0, c0 = clock(), cpu_clock()
             state, m, n_tokens = loop.step(state)
+            run.reward_counter.step_end()
             jax.block_until_ready(state)
             wall += clock() - t0
             cpu += cpu_clock() - c0
@@ -763,7 +853,11 @@ def _run_loop(run: Run, loop, state, meta: dict, ckpt: Checkpointer, guard: Pree
             step += 1
             axes = {"wall_s": wall, "cpu_s": cpu, "tokens": tokens, "rollouts": rollouts}
             if step % c.log_every == 0 or step == loop.total_steps:
-                run.logger.write("train", step, **axes, **m)
+                # With the completions the reward could not score since the previous row.
+                counts = run.reward_counter.row_metrics(step)
+                run.logger.write("train", step, **axes, **m, **counts)
+            # Past task.max_reward_failure_fraction: one line, exit 2; the checkpoints stay.
+            run.reward_counter.check()
             post = {"reward": m["reward"]}
             if eval_due(c.eval, step, wall, last_eval):
                 ev = evaluate_policy(
@@ -805,6 +899,7 @@ def _meta(meta: dict, run: Run, wall: float, tokens: int, rollouts: int, cpu: fl
         "tokens": tokens,
         "rollouts": rollouts,
         "history": list(run.logger.history),
+        "reward_counts": run.reward_counter.totals(),
     }
 
 
