@@ -109,6 +109,13 @@ def base_config() -> ml_collections.ConfigDict:
     c.task.system_prompt = "default"
     c.task.instruction = ""  # appended to every question
     c.task.reward = ""  # reward name of essa_jax.rewards; "" = by format (arith / math)
+    # A completion the reward cannot score (it raises, returns NaN / inf or times out) scores 0.0
+    # and is counted: per step in metrics.jsonl (reward_failures, reward_nonfinite, reward_raised,
+    # reward_timeouts), for the run in summary.json, with a warning line. Above this fraction of
+    # the completions scored, beyond chance (essa_jax.rewards.over_failure_limit), the reward
+    # is broken: the run stops with one line naming it (exit 2), its checkpoints kept. 0 = stop on
+    # the first failure; 1 = never stop.
+    c.task.max_reward_failure_fraction = 0.1
     c.task.num_train = 2000
     # Held-out problems, evaluated greedily (accuracy with a 95% Wilson interval).
     c.task.num_heldout = 200
@@ -402,6 +409,17 @@ def check_task_config(task, *, check_paths: bool = True) -> None:
     check_choice("task.on_malformed", task.on_malformed, ("error", "skip"))
     if task.reward and task.reward not in REWARDS:
         raise ConfigError("task.reward", task.reward, "'' (by format) | " + " | ".join(REWARDS))
+    limit = task.get("max_reward_failure_fraction", 0.1)
+    if (
+        isinstance(limit, bool)
+        or not isinstance(limit, int | float)
+        or not 0.0 <= limit <= 1.0  # NaN fails this too
+    ):
+        raise ConfigError(
+            "task.max_reward_failure_fraction",
+            limit,
+            "fractions 0 <= f <= 1 (0: stop on the first failed completion; 1: never stop)",
+        )
     if (is_generated_task(task.name) and not task.path) or not check_paths:
         return
     for field, path in (("task.path", task.path), ("task.eval_path", task.eval_path)):

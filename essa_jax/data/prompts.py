@@ -25,7 +25,8 @@ Token ids: `encode_prompts` / `prompt_token_ids` return one list of ids per prom
 `essa_jax.models.pad_left` does that). A prompt over `max_prompt_tokens` is never cut silently:
 `on_too_long="error"` raises naming the examples, "skip" drops them, "truncate_left" drops tokens
 from the *start* (system prompt / shots) so that the question's end, the assistant header and the
-prefill are kept; the `TruncationReport` says how many and which.
+prefill are kept; the `TruncationReport` says how many and which (and a warning line, unless
+"skip" dropped every prompt: the caller, left with nothing to run, says so in its own one line).
 """
 
 from __future__ import annotations
@@ -230,7 +231,8 @@ def encode_prompts(
                 report.summary() + "; raise max_prompt_tokens, shorten the prompt, or set "
                 "on_too_long='skip' or 'truncate_left'"
             )
-        log.warning(report.summary())
+        if out:  # every prompt dropped: the caller has nothing to run and says so in one line
+            log.warning(report.summary())
     return out, report
 
 

@@ -9,6 +9,7 @@ char_match_reward(prompts, completions, answer=[...]) dense [0, 1] closeness of 
 ifeval_{inst,prompt}_{strict,loose}(prompts, completions, instruction_id_list=, kwargs=)
                                                      IFEval rewards (lm-eval's checkers)
 combine_rewards([(fn, w), ...]) / guard_reward(fn)   failures and timeouts -> 0.0, counted
+reward_guards(fn) / failure_limits(fn, limit)        every guard's counters; the failure limit
 """
 
 from .extraction import EXTRACTION_MODES, extract_answer, find_boxed, parse_number
@@ -21,12 +22,15 @@ from .functions import (
     arith_reward,
     char_match_reward,
     combine_rewards,
+    failure_limits,
     format_reward,
     get_reward,
     guard_reward,
     make_math_reward,
     math_reward,
+    over_failure_limit,
     register_reward,
+    reward_guards,
 )
 from .ifeval import IFEVAL_REWARDS, follow_instructions, instruction_types
 from .stats import RewardStats
@@ -52,6 +56,7 @@ __all__ = [
     "call_with_timeout",
     "char_match_reward",
     "combine_rewards",
+    "failure_limits",
     "extract_answer",
     "find_boxed",
     "follow_instructions",
@@ -61,5 +66,7 @@ __all__ = [
     "instruction_types",
     "make_math_reward",
     "math_reward",
+    "over_failure_limit",
+    "reward_guards",
     "parse_number",
 ]

@@ -8,9 +8,13 @@ reward does not use are ignored through `**_`.
 `guard_reward` / `combine_rewards` make any reward safe for a training run: a reward that raises,
 returns a non-finite value, or runs past its time bound on one completion scores that completion 0.0
 and is counted in a `RewardStats`: an odd completion never crashes a run. A reward that fails on
-most completions (more than half, once 16 have been scored) is a bug, not noise: it raises
-`RewardFunctionError` naming the reward and its last error, and the command line reports it in one
-line instead of training on zeros.
+more than `max_failure_fraction` of the completions it scored, beyond chance (`over_failure_limit`;
+by default half, once 16 have been scored; a run sets `task.max_reward_failure_fraction`:
+`failure_limits`) is a bug, not
+noise: it raises `RewardFunctionError` naming the reward, the fraction, the limit and its last
+error, and the command line reports it in one line instead of training on zeros. The training
+loops log each step's counts (`reward_guards` finds every guard of a reward, a combination's
+parts included).
 """
 
 from __future__ import annotations
@@ -212,6 +216,7 @@ class GuardedReward:
         name: str | None = None,
         max_failure_fraction: float = 0.5,
         min_scored: int = 16,
+        check_in_call: bool = True,
     ):
         self.fn = fn
         self.timeout_s = timeout_s
@@ -220,16 +225,31 @@ class GuardedReward:
         # Past `min_scored` completions, a failure fraction above this is a broken reward.
         self.max_failure_fraction = max_failure_fraction
         self.min_scored = min_scored
+        # Whether every call checks it (`check`); a multi-process run checks at step boundaries
+        # instead, on every process's counts, so that all processes stop together.
+        self.check_in_call = check_in_call
+
+    def check(self, counts: Mapping[str, int] | None = None) -> None:
+        """Raise `RewardFunctionError` when the failed completions (raised, non-finite, wrong
+        output or timed out) exceed `max_failure_fraction` of those scored beyond chance
+        (`over_failure_limit`); `counts` (`RewardStats.counts()`, e.g. summed over processes)
+        default to its own."""
+        st = self.stats
+        c = counts if counts is not None else st.counts()
+        calls, bad = c["calls"], c["failures"] + c["timeouts"]
+        if over_failure_limit(bad, calls, self.max_failure_fraction, self.min_scored):
+            raise RewardFunctionError(
+                f"reward {self.__name__!r} failed on {bad} of {calls} completions "
+                f"({bad / calls:.3g} > the limit {self.max_failure_fraction:g}, "
+                f"task.max_reward_failure_fraction; {c['nonfinite']} non-finite, "
+                f"{c['raised']} raised, {c['timeouts']} timed out; last: {st.last_error}); a "
+                "reward must return one finite float per completion: fix it, pick another with "
+                "--config.task.reward, or raise the limit"
+            )
 
     def _check_broken(self) -> None:
-        st = self.stats
-        bad = st.failures + st.timeouts
-        if st.calls >= self.min_scored and bad > self.max_failure_fraction * st.calls:
-            raise RewardFunctionError(
-                f"reward {self.__name__!r} failed on {bad} of {st.calls} completions (last: "
-                f"{st.last_error}); a reward must return one finite float per completion: fix it "
-                "or pick another with --config.task.reward"
-            )
+        if self.check_in_call:
+            self.check()
 
     def _bound(self, n: int) -> float | None:
         return None if self.timeout_s is None or self.timeout_s <= 0 else self.timeout_s * n
@@ -245,6 +265,8 @@ class GuardedReward:
         try:
             scores = call_with_timeout(self.fn, self._bound(n), prompts, completions, **fields)
             scores = _valid_scores(scores, n)
+        except RewardFunctionError:  # a guarded part of it is broken: that part's verdict
+            raise
         except Exception:  # incl. RewardTimeoutError: rescore item by item below
             scores = None
         if scores is None:
@@ -254,7 +276,7 @@ class GuardedReward:
             if math.isfinite(s):
                 out.append(s)
             else:
-                self.stats.record_failure(f"non-finite reward {s}")
+                self.stats.record_nonfinite(s)
                 out.append(0.0)
         self._check_broken()
         return out
@@ -272,6 +294,8 @@ class GuardedReward:
         except RewardTimeoutError as e:
             self.stats.record_timeout(f"{self.__name__} on completion {i}: {e}")
             return 0.0
+        except RewardFunctionError:
+            raise
         except Exception as e:
             self.stats.record_failure(e)
             return 0.0
@@ -285,12 +309,58 @@ class GuardedReward:
 
 
 def guard_reward(
-    fn: RewardFn, *, timeout_s: float | None = 30.0, name: str | None = None
+    fn: RewardFn,
+    *,
+    timeout_s: float | None = 30.0,
+    name: str | None = None,
+    max_failure_fraction: float | None = None,
 ) -> GuardedReward:
-    """Wrap `fn` so it never crashes a run; its counters are at `.stats` (see `GuardedReward`)."""
-    return (
-        fn if isinstance(fn, GuardedReward) else GuardedReward(fn, timeout_s=timeout_s, name=name)
-    )
+    """Wrap `fn` so it never crashes a run; its counters are at `.stats` (see `GuardedReward`).
+    An already guarded `fn` is returned as it is; `max_failure_fraction` (None: the guard's
+    default) sets the limit of it and of every guard inside it (`failure_limits`)."""
+    g = fn if isinstance(fn, GuardedReward) else GuardedReward(fn, timeout_s=timeout_s, name=name)
+    if max_failure_fraction is not None:
+        failure_limits(g, max_failure_fraction)
+    return g
+
+
+def reward_guards(fn: Any) -> list[GuardedReward]:
+    """`fn` and every `GuardedReward` inside it (a `CombinedReward`'s parts, at any depth),
+    outermost first: whose counters a loop reads. A combination's parts count their own
+    failures, which the outer guard never sees (each part scores a failed completion 0.0)."""
+    out: list[GuardedReward] = []
+    if isinstance(fn, GuardedReward):
+        out.append(fn)
+        fn = fn.fn
+    if isinstance(fn, CombinedReward):
+        for _, g, _ in fn.parts:
+            out.extend(reward_guards(g))
+    return out
+
+
+def over_failure_limit(bad: int, calls: int, limit: float, min_scored: int = 16) -> bool:
+    """Whether `bad` failed completions of `calls` scored exceed the failure fraction `limit`
+    beyond chance: `bad > limit * n + 3 * sqrt(limit * (1 - limit) * n)` (three binomial
+    standard deviations above the limit), judged once `min_scored` completions are scored (1
+    with a limit of 0: no failure tolerated). A reward failing on 5% of completions thus never
+    trips a limit of 10% on an unlucky first batch, while one failing on every completion stops
+    at the first 16 (at any limit below 0.64)."""
+    if limit <= 0:
+        return bad > 0
+    if calls < min_scored:
+        return False
+    return bad > limit * calls + 3.0 * math.sqrt(limit * (1.0 - limit) * calls)
+
+
+def failure_limits(fn: Any, limit: float, *, check_in_call: bool = True) -> None:
+    """Set the failure limit (`GuardedReward.check`, `over_failure_limit`) of every guard of
+    `fn` (`reward_guards`); `check_in_call=False` leaves the check to the caller (a multi-process
+    loop checks every process's counts at step boundaries)."""
+    if not 0.0 <= limit <= 1.0:
+        raise ValueError(f"a reward failure limit is a fraction in [0, 1], got {limit}")
+    for g in reward_guards(fn):
+        g.max_failure_fraction = float(limit)
+        g.check_in_call = check_in_call
 
 
 class CombinedReward:

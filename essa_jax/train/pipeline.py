@@ -295,9 +295,7 @@ def build_run(config, workdir: str, *, verbose: bool = True) -> Run:
         validation=validation,
         duplicates_removed=task.duplicates_removed,
         reward_counter=RewardCounter(
-            reward_fn,
-            float(config.task.get("max_reward_failure_fraction", 0.1)),
-            name=task.reward,
+            reward_fn, float(config.task.get("max_reward_failure_fraction", 0.1))
         ),
     )
     check_data_parallel(config, run.mesh)

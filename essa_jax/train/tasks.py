@@ -14,6 +14,7 @@ appended.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
@@ -74,8 +75,11 @@ def encode_split(
     max_prompt_tokens: int,
     pad_id: int,
     eos_id: int,
+    split: str = "",
 ) -> tuple[PromptSet, int]:
-    """Tokenise a split (prompts over the limit are dropped); returns (PromptSet, dropped)."""
+    """Tokenise a split (prompts over the limit are dropped); returns (PromptSet, dropped). A
+    limit that drops every prompt is a ConfigError naming the prompts' lengths (`split` names
+    them in it)."""
     from essa_jax.data import encode_text, prompt_token_ids
 
     batch = prompt_token_ids(
@@ -86,9 +90,21 @@ def encode_split(
         **task.prompt_kwargs(),
     )
     if not batch.token_ids:
-        raise ValueError(
-            f"every one of {len(examples)} prompts is longer than task.max_prompt_tokens="
-            f"{max_prompt_tokens}; raise it"
+        from essa_jax.config import ConfigError
+
+        lengths = batch.report.lengths
+        raise ConfigError(
+            "task.max_prompt_tokens",
+            max_prompt_tokens,
+            f"integers >= {min(lengths)} to keep any of these prompts (>= {max(lengths)} keeps "
+            "every one)",
+            f"every one of the {len(examples)} {split} prompts is longer ("
+            + (
+                f"{min(lengths)} to {max(lengths)}"
+                if min(lengths) < max(lengths)
+                else str(max(lengths))
+            )
+            + " tokens), so none could run",
         )
     tokens, mask = pad_left(batch.token_ids, pad_id)
     skip = ("prompt", "messages")
@@ -102,15 +118,95 @@ def encode_split(
     return data, batch.report.count
 
 
+@dataclasses.dataclass
+class EncodedTask:
+    """A task's splits tokenised for one model: every split padded to one prompt width (every
+    generation program compiles once), and the prompts each split dropped as too long."""
+
+    train: PromptSet
+    heldout: PromptSet
+    validation: PromptSet | None
+    dropped_train: int
+    dropped_heldout: int
+
+
+def encode_task(config: Any, task: Any, tokenizer: Any, model_config: Any) -> EncodedTask:
+    """Tokenise `task`'s splits for `model_config` (its pad and EOS ids) and check that they fit
+    it (`check_context`): run with the model's header, before its weights are read."""
+    eos = tuple(model_config.eos_token_ids) or (tokenizer.eos_token_id,)
+    pad = model_config.effective_pad_id
+    enc = dict(max_prompt_tokens=config.task.max_prompt_tokens, pad_id=pad, eos_id=eos[0])
+    train, dropped_train = encode_split(tokenizer, task.train, task, split="train", **enc)
+    heldout, dropped_heldout = encode_split(tokenizer, task.eval, task, split="held-out", **enc)
+    validation = None
+    if task.validation:
+        validation, _ = encode_split(tokenizer, task.validation, task, split="validation", **enc)
+    splits = {"train": train, "held-out": heldout}
+    if validation is not None:
+        splits["validation"] = validation
+    check_context(config, model_config, splits)
+    width = max(d.tokens.shape[1] for d in splits.values())
+    train, heldout = train.pad_to(width, pad), heldout.pad_to(width, pad)
+    if validation is not None:
+        validation = validation.pad_to(width, pad)
+    return EncodedTask(train, heldout, validation, dropped_train, dropped_heldout)
+
+
+def check_context(config: Any, model_config: Any, splits: dict[str, PromptSet]) -> None:
+    """Every sequence the run builds within the model's context (`max_position_embeddings`):
+    the longest prompt + `generation.max_new_tokens` (rollouts, evaluation), and the longest
+    prompt + SFT target when SFT runs. Past it the positions are ones the model never saw (RoPE
+    runs on, silently wrong); a ConfigError names the longest and the limit instead."""
+    from essa_jax.config import ConfigError
+    from essa_jax.data import MalformedRowError
+
+    context = int(model_config.max_position_embeddings)
+    new = int(config.generation.max_new_tokens)
+    model = config.model.path
+    if new >= context:
+        raise ConfigError(
+            "generation.max_new_tokens",
+            new,
+            f"integers < {context}, the context of {model} (max_position_embeddings), less the "
+            "longest prompt",
+        )
+    name, data = max(splits.items(), key=lambda kv: kv[1].tokens.shape[1])
+    longest = int(data.mask.sum(axis=1).max())
+    if longest + new > context:
+        raise ConfigError(
+            "task.max_prompt_tokens",
+            config.task.max_prompt_tokens,
+            f"integers <= {context - new} for {model} (prompt + generation.max_new_tokens = "
+            f"{new} within its context of {context} positions, max_position_embeddings)",
+            f"the longest {name} prompt is {longest} tokens: {longest} + {new} > {context}; "
+            "longer prompts are dropped and counted",
+        )
+    if int(config.sft.steps) == 0 or config.sft.get("init_from", ""):
+        return
+    train = splits["train"]
+    lengths = train.mask.sum(axis=1) + np.asarray([len(t) for t in train.targets])
+    i = int(np.argmax(lengths))
+    if lengths[i] > context:
+        ex_id = train.fields.get("id", ["?"] * len(train))[i]
+        raise MalformedRowError(
+            f"task {config.task.name!r}: training example {ex_id!r}'s prompt + SFT target is "
+            f"{int(lengths[i])} tokens, past the context of {model} ({context} positions, "
+            "max_position_embeddings); shorten its solution / answer or drop it"
+        )
+
+
 def load_task(task_config, seed: int):
-    """(essa_jax.data Task, guarded reward fn) of `config.task`."""
+    """(essa_jax.data Task, guarded reward fn) of `config.task`; the reward's failure limit is
+    `task.max_reward_failure_fraction`."""
     from essa_jax.data import load_task as data_load_task
     from essa_jax.rewards import get_reward, guard_reward
 
     task = data_load_task(data_task_config(task_config, seed))
     _check_prefill(task_config, task.train + task.eval)
     _check_reward_installed(task.reward)
-    return task, guard_reward(get_reward(task.reward))
+    limit = float(task_config.get("max_reward_failure_fraction", 0.1))
+    reward = guard_reward(get_reward(task.reward), max_failure_fraction=limit)
+    return task, reward
 
 
 def _check_reward_installed(name: str) -> None:

@@ -150,3 +150,62 @@ def test_a_reward_that_fails_on_most_completions_is_an_error():
     for _ in range(8):
         ok(["p"] * 4, ["1", "boom", "2", "3"], answer=["1", "1", "2", "4"])
     assert ok.stats.calls == 32 and ok.stats.failures == 8
+
+
+def test_nonfinite_and_raising_completions_are_counted_apart():
+    import math
+
+    from essa_jax.rewards import reward_guards
+
+    def patchy(prompts, completions, **_):
+        if "bug" in completions:
+            raise KeyError("bug")
+        return [math.nan if c == "nan" else math.inf if c == "inf" else 1.0 for c in completions]
+
+    g = guard_reward(patchy, name="patchy")
+    assert g(["p"] * 4, ["a", "nan", "inf", "b"]) == [1.0, 0.0, 0.0, 1.0]
+    assert g(["p"] * 3, ["bug", "nan", "c"]) == [0.0, 0.0, 1.0]  # the batch raised: one by one
+    assert g.stats.counts() == {
+        "calls": 7,
+        "failures": 4,
+        "nonfinite": 3,
+        "raised": 1,
+        "timeouts": 0,
+    }
+    # A combination's parts count their own failures; reward_guards finds every one.
+    both = guard_reward(combine_rewards([(patchy, 1.0), (format_reward, 0.1)]))
+    assert both(["p"] * 2, ["nan", "\\boxed{1}"]) == [0.0, 1.1]
+    guards = reward_guards(both)
+    assert len(guards) == 3 and guards[0] is both
+    assert [g.stats.counts()["nonfinite"] for g in guards] == [0, 1, 0]
+
+
+def test_the_failure_limit_is_a_fraction_beyond_chance():
+    from essa_jax.rewards import failure_limits, over_failure_limit
+
+    # Every completion failing stops at the first 16 at the 0.1 default; 5% never trips 10%.
+    assert over_failure_limit(16, 16, 0.1) and not over_failure_limit(15, 15, 0.1)
+    assert not any(over_failure_limit(n // 20, n, 0.1) for n in range(16, 100_000, 7))
+    assert over_failure_limit(30, 100, 0.1) and not over_failure_limit(15, 100, 0.1)
+    assert over_failure_limit(1, 1, 0.0) and not over_failure_limit(0, 1000, 0.0)
+    assert not over_failure_limit(1000, 1000, 1.0)
+
+    def third_nan(prompts, completions, **_):
+        return [float("nan") if i % 3 == 0 else 1.0 for i in range(len(completions))]
+
+    g = guard_reward(third_nan, name="third_nan", max_failure_fraction=0.5)
+    for _ in range(20):  # a third failing: under a limit of one half, however long it runs
+        g(["p"] * 6, ["c"] * 6)
+    failure_limits(g, 0.1)
+    with pytest.raises(RewardFunctionError) as err:
+        g(["p"] * 6, ["c"] * 6)
+    msg = str(err.value)
+    assert "reward 'third_nan' failed on 42 of 126 completions (0.333 > the limit 0.1" in msg
+    assert "42 non-finite, 0 raised, 0 timed out" in msg and "\n" not in msg
+    # The caller's check instead of every call's (a multi-process loop's, on summed counts).
+    failure_limits(g, 0.1, check_in_call=False)
+    g(["p"] * 6, ["c"] * 6)
+    with pytest.raises(RewardFunctionError, match="failed on 44 of 132"):
+        g.check()
+    with pytest.raises(ValueError, match=r"\[0, 1\]"):
+        failure_limits(g, 1.5)
