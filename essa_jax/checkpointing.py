@@ -327,9 +327,57 @@ class Checkpointer:
             check_digests(state, written, f"checkpoint step {step}")
         return state, meta
 
+    def saved_shapes(self, step: int) -> dict[str, tuple[int, ...]] | None:
+        """`{leaf path: shape}` of the state saved at `step`, from its metadata alone (no array
+        is read), or None when the metadata cannot be read (a broken step: the restore's
+        fallback deals with it)."""
+        try:
+            # The state item's own metadata file: a manager that has not saved yet knows no
+            # handler for its items, so its item_metadata is empty.
+            md = ocp.StandardCheckpointer().metadata(
+                os.path.join(self.directory, str(step), "state")
+            )
+            tree = getattr(md, "item_metadata", md)
+            tree = getattr(tree, "tree", tree)
+        except Exception:  # noqa: BLE001 - unreadable metadata = a broken step, handled later
+            return None
+        if tree is None:
+            return None
+        flat, _ = jax.tree_util.tree_flatten_with_path(
+            tree, is_leaf=lambda x: hasattr(x, "shape") and not isinstance(x, dict)
+        )
+        return {_path_name(p): tuple(getattr(leaf, "shape", ())) for p, leaf in flat}
+
     def close(self) -> None:
         self._mgr.wait_until_finished()
         self._mgr.close()
+
+
+def _path_name(path: Any) -> str:
+    """A leaf path as "a.b.0": dict keys, attribute names and indices alike (orbax's metadata
+    tree is nested dicts where the state has dataclass fields)."""
+    out = []
+    for k in path:
+        for attr in ("key", "name", "idx"):
+            if hasattr(k, attr):
+                out.append(str(getattr(k, attr)))
+                break
+        else:
+            out.append(str(k))
+    return ".".join(out)
+
+
+def shape_differences(template: Any, saved: dict[str, tuple[int, ...]]) -> list[str]:
+    """Where the state a config builds (`template`) differs from a saved step's shapes:
+    `"path: saved (a, b), this config (c, d)"` (a leaf present on one side only says absent)."""
+    flat, _ = jax.tree_util.tree_flatten_with_path(template)
+    mine = {_path_name(p): tuple(getattr(leaf, "shape", ())) for p, leaf in flat}
+    diffs = []
+    for path in sorted(set(mine) | set(saved)):
+        a, b = saved.get(path, "absent"), mine.get(path, "absent")
+        if a != b:
+            diffs.append(f"{path}: saved {a}, this config {b}")
+    return diffs
 
 
 def restore_checkpointer_with_fallback(

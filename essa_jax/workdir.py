@@ -208,6 +208,12 @@ def _read_holder(fd: int) -> str:
         return text[:200]
 
 
+# Fields read only when a run starts (prefixes): the initial step size of the search, and the
+# SFT that makes the starting adapter (never repeated on resume). A forced change of one is
+# accepted but takes no effect on the restored state, and the run says so in one line.
+FIXED_AT_START = ("essa.sigma_init", "sft.")
+
+
 def flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     """`{"a.b": value}` of a nested config dict (as read from config.json)."""
     out: dict[str, Any] = {}
