@@ -334,9 +334,17 @@ class Checkpointer:
         try:
             # The state item's own metadata file: a manager that has not saved yet knows no
             # handler for its items, so its item_metadata is empty.
-            md = ocp.StandardCheckpointer().metadata(
-                os.path.join(self.directory, str(step), "state")
-            )
+            import logging
+
+            absl_log = logging.getLogger("absl")
+            level = absl_log.level
+            absl_log.setLevel(logging.ERROR)  # "Metadata file does not exist": orbax's, harmless
+            try:
+                md = ocp.StandardCheckpointer().metadata(
+                    os.path.join(self.directory, str(step), "state")
+                )
+            finally:
+                absl_log.setLevel(level)
             tree = getattr(md, "item_metadata", md)
             tree = getattr(tree, "tree", tree)
         except Exception:  # noqa: BLE001 - unreadable metadata = a broken step, handled later

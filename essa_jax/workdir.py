@@ -49,6 +49,7 @@ MAY_CHANGE = (
     "grpo.steps",
     "max_wall_seconds",
     "max_cpu_seconds",
+    "task.max_reward_failure_fraction",  # when a broken reward stops the run, not a step
     "eval.every",
     "eval.every_seconds",
     "eval.batch_size",

@@ -241,6 +241,36 @@ def test_resume_refuses_a_changed_meaning_and_keeps_the_record(env, tmp_path):
     assert json.loads((work / "config.json").read_text())["seed"] == 1
 
 
+def test_a_forced_shape_change_is_refused_before_anything_is_written(env, tmp_path):
+    """--allow_config_change with a field that changes the state's shapes: refused in one line
+    from the checkpoint's metadata, before a restore could mistake the step for a broken one;
+    config.json, config_changes.jsonl and every checkpoint stay as they were, and the run's own
+    command still resumes. A forced change of a field read only at the start is said."""
+    work = tmp_path / "run"
+    proc = run(env, work, "--config.essa.generations=2")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    record = (work / "config.json").read_bytes()
+    steps = sorted(os.listdir(work / "checkpoints"))
+    assert steps  # the state to protect exists
+    proc = run(env, work, "--config.essa.generations=3", "--config.essa.population_size=6",
+               "--allow_config_change")  # fmt: skip
+    one_line(
+        proc.returncode, proc.stderr, 2, "cannot resume", "essa.population_size 8 -> 6",
+        "changes the saved state's shapes", "this config (", "nothing was changed",
+    )  # fmt: skip
+    assert (work / "config.json").read_bytes() == record
+    assert not (work / "config_changes.jsonl").exists()
+    assert sorted(os.listdir(work / "checkpoints")) == steps  # nothing quarantined
+    proc = run(env, work, "--config.essa.generations=3", "--config.essa.sigma_init=0.5",
+               "--allow_config_change")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = proc.stdout + proc.stderr
+    assert "note: essa.sigma_init 1.0 -> 0.5 takes no effect" in out, out[-3000:]
+    assert train_steps(work) == [1, 2, 3]
+    changes = [json.loads(x) for x in (work / "config_changes.jsonl").read_text().splitlines()]
+    assert changes[0]["forced"] == ["essa.sigma_init"] and changes[0]["step"] == 2
+
+
 FLAKY_REWARD_CONFIG = """
 import os
 
