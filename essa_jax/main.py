@@ -205,6 +205,16 @@ def check_memory(config) -> str:
             "memory not checked with several processes (python -m essa_jax.plan --devices N "
             "--device_memory_gb G plans the run's programs)"
         )
+    from essa_jax.config import UNSET, peek_or_none
+
+    path = config.model.path
+    if not config.model.name and (not path or UNSET in path or peek_or_none(path) is None):
+        # No shape without the weights (a hub id, a folder without config.json): the run's own
+        # load will say what is wrong with the path; the plan needs --config.model.name.
+        return (
+            "memory not checked: the model's shape cannot be read without its weights "
+            "(--config.model.name=<shape> lets the plan check it)"
+        )
     plans = check_run_fits(config)
     peak = max(plans, key=lambda p: p.per_device_bytes)
     return (
