@@ -6,8 +6,11 @@
         --include_path my_tasks/ --output results.json
 
 `--run` reads the run's `config.json` (model path, dtype, tokenizer, seed) and its PEFT `adapter/`
-folder; `--model` (optionally `--adapter`) names them directly; `--no_adapter` scores the base model
-of a run. The model answers lm-eval through `essa_jax.evaluation.lm_eval_model.EssaJaxLM`.
+folder, which must be the run's latest (the step it records, `essa_jax_export.json`, that of the
+run's latest checkpoint: a run resumed and stopped before its end has an older one;
+`--allow_stale_adapter` evaluates it anyway); `--model` (optionally `--adapter`) names them
+directly; `--no_adapter` scores the base model of a run. The model answers lm-eval through
+`essa_jax.evaluation.lm_eval_model.EssaJaxLM`.
 
 Nothing is downloaded: a task whose data lives on the hub needs the data locally (lm-eval's task
 YAML with `dataset_path: json` and `data_files`, found through `--include_path`). `--ifeval_file`
@@ -80,12 +83,8 @@ def _load(args: argparse.Namespace) -> tuple[Any, Any, Any, Any, str]:
     from essa_jax.train.pipeline import load_model
 
     if args.run:
-        cfg_path = Path(args.run) / "config.json"
-        if not cfg_path.is_file():
-            raise EvalUsageError(f"--run {args.run}: no config.json (not a run's workdir)")
-        config = ml_collections.ConfigDict(json.loads(cfg_path.read_text()))
-        adapter = None if args.no_adapter else (args.adapter or str(Path(args.run) / "adapter"))
-        check_adapter_is_latest(args, adapter)
+        adapter = check_run_folder(args)
+        config = ml_collections.ConfigDict(json.loads((Path(args.run) / "config.json").read_text()))
     else:
         config = ml_collections.ConfigDict(
             {"seed": 0, "model": {"path": args.model, "dtype": "auto", "tokenizer": ""}}
@@ -104,6 +103,17 @@ def _load(args: argparse.Namespace) -> tuple[Any, Any, Any, Any, str]:
         _, lora = import_peft(adapter, model_config)
     what = f"{config.model.path}" + (f" + adapter {adapter}" if adapter else "")
     return model_config, params, tokenizer, lora, what
+
+
+def check_run_folder(args: argparse.Namespace) -> str | None:
+    """The adapter folder `--run` evaluates (None with --no_adapter), after the checks that need
+    no model and no task data: the run's config.json exists, its adapter is its latest
+    (`check_adapter_is_latest`). EvalUsageError otherwise."""
+    if not (Path(args.run) / "config.json").is_file():
+        raise EvalUsageError(f"--run {args.run}: no config.json (not a run's workdir)")
+    adapter = None if args.no_adapter else (args.adapter or str(Path(args.run) / "adapter"))
+    check_adapter_is_latest(args, adapter)
+    return adapter
 
 
 def check_adapter_is_latest(args: argparse.Namespace, adapter: str | None) -> None:
@@ -183,6 +193,8 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
         tasks.append("ifeval_local")
     if not tasks:
         raise EvalUsageError("no task: give --tasks name[,name] and / or --ifeval_file FILE")
+    if args.run:
+        check_run_folder(args)  # before the tasks' data is read
     manager = TaskManager(include_path=include or None)
     unknown = [t for t in tasks if t not in manager.all_tasks]
     if unknown:

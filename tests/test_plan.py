@@ -278,3 +278,50 @@ def test_full_parameter_grpo_plan_shards_weights_and_optimizer_state_over_data()
         upd[n] = plans["grpo_update"]
     assert upd[1].argument_bytes >= 3 * weights  # masters, m and v, whole on one device
     assert upd[4].argument_bytes <= upd[1].argument_bytes / 4 + 1024
+
+
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        # A typo used to plan nothing and exit 0 with an empty table ("fits").
+        (
+            ["--programs", "essa_pop"],
+            ("--programs essa_pop: not a program of this 'essa' run", "sft_step, essa_population"),
+        ),
+        (["--headroom", "1.5"], ("--headroom 1.5", "0 <= h < 1")),
+        (["--headroom", "-0.1"], ("--headroom -0.1", "0 <= h < 1")),
+        (["--device_memory_gb", "nan"], ("--device_memory_gb nan", "a finite number > 0")),
+        (["--device_memory_gb", "inf"], ("--device_memory_gb inf", "a finite number > 0")),
+        (["--device_memory_gb", "-1"], ("--device_memory_gb -1.0", "a finite number > 0")),
+        (["--config", "/nonexistent/config.py"], ("/nonexistent/config.py: no such file",)),
+    ],
+)
+def test_bad_plan_arguments_exit_2_with_one_line(args, expected, tmp_path):
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    env.pop("XLA_FLAGS", None)
+    config = [] if "--config" in args else ["--config", TINY_ESSA]
+    out = subprocess.run(
+        [sys.executable, "-m", "essa_jax.plan", *config, "--devices", "1", *args],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode == 2, (out.returncode, out.stderr[-3000:])
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), out.stderr[-3000:]
+    for e in expected:
+        assert e in lines[0], (e, lines[0])
+
+
+def test_plan_config_refuses_a_headroom_outside_0_1():
+    with pytest.raises(plan_lib.PlanError, match="0 <= h < 1"):
+        plan_lib.plan_config(tiny_config(), plan_lib.make_target(None, 1, 1.0), headroom=1.0)
+
+
+def test_host_memory_is_the_smaller_of_the_host_and_its_cgroup():
+    host = plan_lib.host_memory_bytes()
+    assert host is not None and host > 0
+    with open("/proc/meminfo") as f:
+        total = next(int(ln.split()[1]) * 1024 for ln in f if ln.startswith("MemTotal:"))
+    assert host <= total

@@ -71,4 +71,61 @@ def test_ifeval_file_end_to_end(tmp_path):
 def test_user_errors_are_one_line_and_exit_2(argv, words, capsys):
     assert evaluate_lm.main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) >= 1 and words in err[-1] and err[-1].startswith("essa_jax.evaluate_lm:")
+    assert len(err) == 1 and words in err[0] and err[0].startswith("essa_jax.evaluate_lm:")
+
+
+def test_a_benchmark_whose_data_is_not_here_is_one_line_pointing_to_ifeval_file(tmp_path):
+    """Offline, lm-eval's own `ifeval` task needs google/IFEval from the hub: one line (it was a
+    40-line traceback from datasets), before the model is loaded, naming --ifeval_file."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
+    env["HF_HOME"] = str(tmp_path / "hf")  # an empty cache: the data is nowhere here
+    env.pop("XLA_FLAGS", None)
+    proc = subprocess.run(
+        [sys.executable, "-m", "essa_jax.evaluate_lm", "--model", "random:tiny", "--tasks",
+         "ifeval", "--limit", "1"],
+        env=env, cwd=tmp_path, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert lines[0].startswith("essa_jax.evaluate_lm: the data of task(s) ifeval (google/IFEval)")
+    assert "not available offline" in lines[0] and "--ifeval_file FILE" in lines[0]
+
+
+def _run_with_adapter(tmp_path, adapter_step, latest_step):
+    """A run's workdir as `evaluate_lm --run` reads it: config.json, adapter/ recording
+    `adapter_step`, and complete checkpoints up to `latest_step`."""
+    from essa_jax.train.export_record import write_export_record
+
+    run = tmp_path / "run"
+    (run / "adapter").mkdir(parents=True)
+    model = {"path": "random:tiny", "dtype": "auto", "tokenizer": ""}
+    (run / "config.json").write_text(json.dumps({"seed": 0, "model": model}))
+    write_export_record(str(run / "adapter"), adapter_step, "essa")
+    for step in range(0, latest_step + 1, 2):
+        (run / "checkpoints" / str(step)).mkdir(parents=True)
+    return run
+
+
+def test_an_adapter_older_than_the_runs_latest_checkpoint_is_refused(tmp_path, capsys):
+    """A finished run resumed for more generations and stopped: adapter/ is from step 2, the
+    latest checkpoint step 4. Refused in one line naming both steps and how to get a fresh
+    adapter, before the model is loaded; --allow_stale_adapter accepts it."""
+    run = _run_with_adapter(tmp_path, adapter_step=2, latest_step=4)
+    path, _ = _ifeval_file(tmp_path)
+    argv = ["--run", str(run), "--ifeval_file", str(path), "--limit", "1"]
+    assert evaluate_lm.main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    for words in ("is from step 2", "latest checkpoint is step 4", "resume the run to its end",
+                  "--allow_stale_adapter"):  # fmt: skip
+        assert words in err[0], (words, err[0])
+    args = evaluate_lm.parse_args([*argv, "--allow_stale_adapter"])
+    evaluate_lm.check_adapter_is_latest(args, str(run / "adapter"))  # accepted
+    fresh = _run_with_adapter(tmp_path / "fresh", adapter_step=4, latest_step=4)
+    args = evaluate_lm.parse_args(["--run", str(fresh), "--tasks", "x"])
+    evaluate_lm.check_adapter_is_latest(args, str(fresh / "adapter"))  # the latest: accepted
