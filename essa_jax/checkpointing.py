@@ -330,31 +330,28 @@ class Checkpointer:
     def saved_shapes(self, step: int) -> dict[str, tuple[int, ...]] | None:
         """`{leaf path: shape}` of the state saved at `step`, from its metadata alone (no array
         is read), or None when the metadata cannot be read (a broken step: the restore's
-        fallback deals with it)."""
-        try:
-            # The state item's own metadata file: a manager that has not saved yet knows no
-            # handler for its items, so its item_metadata is empty.
-            import logging
+        fallback deals with it).
 
-            absl_log = logging.getLogger("absl")
-            level = absl_log.level
-            absl_log.setLevel(logging.ERROR)  # "Metadata file does not exist": orbax's, harmless
-            try:
-                md = ocp.StandardCheckpointer().metadata(
-                    os.path.join(self.directory, str(step), "state")
+        Read from the state item's ``_METADATA`` JSON (orbax's tree metadata: key path and
+        write shape per leaf) rather than through an orbax reader, whose threads would outlive
+        a failed read and print into the one line a broken step ends in. The write shape is the
+        array's shape here: every leaf is saved whole (one device, or replicated)."""
+        import json
+
+        try:
+            with open(os.path.join(self.directory, str(step), "state", "_METADATA")) as f:
+                tree = json.load(f)["tree_metadata"]
+            return {
+                ".".join(str(k["key"]) for k in leaf["key_metadata"]): tuple(
+                    leaf["value_metadata"].get("write_shape") or ()
                 )
-            finally:
-                absl_log.setLevel(level)
-            tree = getattr(md, "item_metadata", md)
-            tree = getattr(tree, "tree", tree)
-        except Exception:  # noqa: BLE001 - unreadable metadata = a broken step, handled later
+                for leaf in tree.values()
+                # None / empty optimiser states: a placeholder in the metadata, no leaf of the
+                # state (jax.tree flattens them away).
+                if not leaf["value_metadata"].get("skip_deserialize")
+            }
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
             return None
-        if tree is None:
-            return None
-        flat, _ = jax.tree_util.tree_flatten_with_path(
-            tree, is_leaf=lambda x: hasattr(x, "shape") and not isinstance(x, dict)
-        )
-        return {_path_name(p): tuple(getattr(leaf, "shape", ())) for p, leaf in flat}
 
     def close(self) -> None:
         self._mgr.wait_until_finished()
