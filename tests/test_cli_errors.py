@@ -14,29 +14,12 @@ import sys
 import textwrap
 
 import pytest
+from cli_runs import TINY_SFT, cli_env
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT = os.path.join(ROOT, "experiments", "configs", "essa_smollm2_arith.py")
 
-# A tiny run (random 2-layer model) that reaches data loading and reward scoring in seconds.
-TINY = [
-    "--config.method=sft",  # SFT + held-out evaluation: data loading and reward scoring, no loop
-    "--config.model.path=random:tiny",
-    "--config.task.num_train=16",
-    "--config.task.num_heldout=4",
-    "--config.task.max_prompt_tokens=64",
-    "--config.lora.rank=2",
-    "--config.lora.alpha=4.0",
-    "--config.sft.steps=1",
-    "--config.sft.batch_size=4",
-    "--config.essa.alpha=1.0",
-    "--config.essa.population_size=4",
-    "--config.essa.prompts_per_candidate=4",
-    "--config.essa.generations=1",
-    "--config.eval.batch_size=16",
-    "--config.eval.base_model=False",
-    "--config.eval.pass_k_samples=0",
-]
+TINY = TINY_SFT  # reaches data loading and reward scoring in seconds
 
 RAISING_REWARD_CONFIG = """
 from essa_jax.config import load_config_file
@@ -59,8 +42,7 @@ def get_config():
 
 
 def run_main(*args: str, cwd: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": ROOT}
-    env.pop("XLA_FLAGS", None)  # one device: nothing here is about sharding
+    env = cli_env()  # one device: nothing here is about sharding
     return subprocess.run(
         [sys.executable, "-m", "essa_jax.main", *args],
         cwd=cwd,

@@ -16,38 +16,15 @@ import subprocess
 import sys
 
 import pytest
+from cli_runs import TINY_SFT, cli_env
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY_ESSA = os.path.join(ROOT, "tests", "distributed", "tiny_essa_config.py")
 DEFAULT = os.path.join(ROOT, "experiments", "configs", "essa_smollm2_arith.py")
 
-# A tiny SFT-only run (random 2-layer model): SFT, held-out evaluation, adapter/ in seconds.
-TINY_SFT = [
-    "--config.method=sft",
-    "--config.model.path=random:tiny",
-    "--config.task.num_train=16",
-    "--config.task.num_heldout=4",
-    "--config.task.max_prompt_tokens=64",
-    "--config.lora.rank=2",
-    "--config.lora.alpha=4.0",
-    "--config.sft.steps=1",
-    "--config.sft.batch_size=4",
-    "--config.essa.alpha=1.0",
-    "--config.essa.population_size=4",
-    "--config.essa.prompts_per_candidate=4",
-    "--config.essa.generations=1",
-    "--config.eval.batch_size=16",
-    "--config.eval.base_model=False",
-    "--config.eval.pass_k_samples=0",
-]
-
 
 def run(module: str, *args: str, cwd, env_extra: dict | None = None) -> subprocess.CompletedProcess:
-    env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": ROOT, **(env_extra or {})}
-    env.pop("XLA_FLAGS", None)  # one device: nothing here is about sharding
-    for k in ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID"):
-        if k not in (env_extra or {}):
-            env.pop(k, None)
+    env = {**cli_env(), **(env_extra or {})}  # one device: nothing here is about sharding
     return subprocess.run(
         [sys.executable, "-m", module, *args],
         cwd=cwd,

@@ -10,13 +10,13 @@ random model (tests/distributed/tiny_essa_config.py) in a subprocess.
 """
 
 import json
-import os
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
+from cli_runs import cli_env
 
 from essa_jax.checkpointing import complete_steps
 
@@ -34,18 +34,7 @@ GRPO = [
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
-    e = {
-        k: v
-        for k, v in os.environ.items()
-        if k not in ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID", "XLA_FLAGS")
-    }
-    e.update(
-        JAX_PLATFORMS="cpu",
-        PYTHONPATH=str(ROOT),
-        JAX_COMPILATION_CACHE_DIR=str(tmp_path_factory.mktemp("jax_cache")),
-        JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
-    )
-    return e
+    return cli_env(str(tmp_path_factory.mktemp("jax_cache")))
 
 
 def run(env, workdir, *args, config=CONFIG, **kw) -> subprocess.CompletedProcess:

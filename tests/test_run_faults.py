@@ -20,6 +20,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
+from cli_runs import cli_env
 from search_moved import TINY_ESSA_PER_GENERATION, assert_essa_moved, lora_movement
 
 from essa_jax.checkpointing import complete_steps
@@ -42,18 +43,7 @@ SFT_ONLY = ["--config.method=sft", "--config.sft.steps=2"]
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
-    e = {
-        k: v
-        for k, v in os.environ.items()
-        if k not in ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID", "XLA_FLAGS")
-    }
-    e.update(
-        JAX_PLATFORMS="cpu",
-        PYTHONPATH=str(ROOT),
-        JAX_COMPILATION_CACHE_DIR=str(tmp_path_factory.mktemp("jax_cache")),
-        JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
-    )
-    return e
+    return cli_env(str(tmp_path_factory.mktemp("jax_cache")))
 
 
 def _cmd(workdir, *args, config=CONFIG):

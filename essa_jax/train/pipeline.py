@@ -634,8 +634,8 @@ def _train_and_evaluate(config, workdir, resume, verbose, allow_config_change, g
         for field in sorted(f for f in forced if f.startswith(FIXED_AT_START)):
             # The field is read when a run starts; the restored state carries its own value.
             run.log(
-                f"note: {field} {describe_changes({field: forced[field]}).split(' ', 1)[1]} "
-                f"takes no effect: it is read only when a run starts, and the state restored "
+                f"note: {describe_changes({field: forced[field]})} takes no effect: it is read "
+                "only when a run starts, and the state restored "
                 f"from step {latest} keeps the value it started with"
             )
         if _is_main():
