@@ -64,6 +64,7 @@ class CheckpointDigestError(ValueError):
 
 
 DIGESTS = "array_digests"  # meta key: {leaf path: "crc32:<hex>"} of the state written
+SHAPES = "array_shapes"  # meta key: {leaf path: [global shape]} of the state written
 
 
 def _leaf_bytes(leaf: Any) -> memoryview:
@@ -90,6 +91,12 @@ def array_digests(state: Any) -> dict[str, str]:
         jax.tree_util.keystr(path): f"crc32:{zlib.crc32(_leaf_bytes(leaf)) & 0xFFFFFFFF:08x}"
         for path, leaf in flat
     }
+
+
+def array_shapes(state: Any) -> dict[str, list[int]]:
+    """`{leaf path: global shape}` of every leaf of `state`, keyed as `array_digests` is."""
+    flat, _ = jax.tree_util.tree_flatten_with_path(state)
+    return {jax.tree_util.keystr(p): list(getattr(leaf, "shape", ())) for p, leaf in flat}
 
 
 def check_digests(state: Any, written: dict[str, str], where: str) -> None:
@@ -268,7 +275,7 @@ class Checkpointer:
         several threads at once: what they print meanwhile is kept back); the partial step stays
         a temporary directory, never a step."""
         # Digests of the host's state before it is placed: every process holds the same state.
-        meta = {**meta, DIGESTS: array_digests(state)}
+        meta = {**meta, DIGESTS: array_digests(state), SHAPES: array_shapes(state)}
         if jax.process_count() > 1:
             state = place(state, make_mesh())  # replicated over every process's devices
         with _stderr_kept_back() as release:
@@ -322,34 +329,27 @@ class Checkpointer:
         if multi:
             state = jax.tree.map(lambda a: a.addressable_data(0), state)
         meta = dict(out["meta"])
+        meta.pop(SHAPES, None)
         written = meta.pop(DIGESTS, None)  # absent from checkpoints written before digests were
         if written is not None:
             check_digests(state, written, f"checkpoint step {step}")
         return state, meta
 
     def saved_shapes(self, step: int) -> dict[str, tuple[int, ...]] | None:
-        """`{leaf path: shape}` of the state saved at `step`, from its metadata alone (no array
-        is read), or None when the metadata cannot be read (a broken step: the restore's
-        fallback deals with it).
+        """`{leaf path: global shape}` of the state saved at `step`, from the step's meta JSON
+        alone (no array is read), or None when it cannot be read or predates the record (a
+        broken step: the restore's fallback deals with it).
 
-        Read from the state item's ``_METADATA`` JSON (orbax's tree metadata: key path and
-        write shape per leaf) rather than through an orbax reader, whose threads would outlive
-        a failed read and print into the one line a broken step ends in. The write shape is the
-        array's shape here: every leaf is saved whole (one device, or replicated)."""
+        Recorded at save time (`array_shapes`) rather than read from orbax's tree metadata,
+        whose ``write_shape`` is a device shard's shape for an array sharded over a mesh, and
+        rather than through an orbax reader, whose threads would outlive a failed read and print
+        into the one line a broken step ends in."""
         import json
 
         try:
-            with open(os.path.join(self.directory, str(step), "state", "_METADATA")) as f:
-                tree = json.load(f)["tree_metadata"]
-            return {
-                ".".join(str(k["key"]) for k in leaf["key_metadata"]): tuple(
-                    leaf["value_metadata"].get("write_shape") or ()
-                )
-                for leaf in tree.values()
-                # None / empty optimiser states: a placeholder in the metadata, no leaf of the
-                # state (jax.tree flattens them away).
-                if not leaf["value_metadata"].get("skip_deserialize")
-            }
+            with open(os.path.join(self.directory, str(step), "meta", "metadata")) as f:
+                shapes = json.load(f)[SHAPES]
+            return {str(k): tuple(int(d) for d in v) for k, v in shapes.items()}
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
             return None
 
@@ -358,25 +358,11 @@ class Checkpointer:
         self._mgr.close()
 
 
-def _path_name(path: Any) -> str:
-    """A leaf path as "a.b.0": dict keys, attribute names and indices alike (orbax's metadata
-    tree is nested dicts where the state has dataclass fields)."""
-    out = []
-    for k in path:
-        for attr in ("key", "name", "idx"):
-            if hasattr(k, attr):
-                out.append(str(getattr(k, attr)))
-                break
-        else:
-            out.append(str(k))
-    return ".".join(out)
-
-
 def shape_differences(template: Any, saved: dict[str, tuple[int, ...]]) -> list[str]:
     """Where the state a config builds (`template`) differs from a saved step's shapes:
     `"path: saved (a, b), this config (c, d)"` (a leaf present on one side only says absent)."""
     flat, _ = jax.tree_util.tree_flatten_with_path(template)
-    mine = {_path_name(p): tuple(getattr(leaf, "shape", ())) for p, leaf in flat}
+    mine = {jax.tree_util.keystr(p): tuple(getattr(leaf, "shape", ())) for p, leaf in flat}
     diffs = []
     for path in sorted(set(mine) | set(saved)):
         a, b = saved.get(path, "absent"), mine.get(path, "absent")

@@ -98,7 +98,7 @@ def encode_split(
             max_prompt_tokens,
             f"integers >= {min(lengths)} to keep any of these prompts (>= {max(lengths)} keeps "
             "every one)",
-            f"every one of the {len(examples)} {split} prompts is longer ("
+            f"every one of the {len(examples)} {f'{split} ' if split else ''}prompts is longer ("
             + (
                 f"{min(lengths)} to {max(lengths)}"
                 if min(lengths) < max(lengths)

@@ -120,3 +120,31 @@ def test_digests_name_the_changed_leaf():
         ck.check_digests(b, written, "x")
     with pytest.raises(ck.CheckpointDigestError, match="absent"):
         ck.check_digests({"m": a["m"]}, written, "x")
+
+
+def test_saved_shapes_are_global_for_a_state_sharded_over_the_mesh(tmp_path):
+    """The resume's shape check compares global shapes: orbax's own tree metadata records a
+    device shard's shape for a sharded array, which refused every resume on a mesh."""
+    import jax
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    from essa_jax.mesh import make_mesh
+
+    mesh = make_mesh()
+    n = mesh.devices.size
+    assert n > 1  # the case that needs the global shape (tests run on 8 virtual devices)
+    sharded = jax.device_put(jnp.ones((2, 4 * n)), NamedSharding(mesh, PartitionSpec(None, "pop")))
+    assert sharded.addressable_shards[0].data.shape != sharded.shape  # really split
+    state = {"w": sharded, "b": jnp.zeros(3), "none": None}
+    c = Checkpointer(str(tmp_path))
+    c.save(1, state, {"x": 1})
+    saved = c.saved_shapes(1)
+    assert saved == {"['w']": (2, 4 * n), "['b']": (3,)}
+    assert ck.shape_differences(state, saved) == []
+    changed = {"w": jnp.ones((2, 4 * n + 1)), "b": jnp.zeros(3)}
+    assert ck.shape_differences(changed, saved) == [
+        f"['w']: saved (2, {4 * n}), this config (2, {4 * n + 1})"
+    ]
+    _, meta = c.restore(1, state)
+    assert meta == {"x": 1}  # the bookkeeping keys are not handed back
+    c.close()

@@ -80,7 +80,11 @@ def test_encode_split_prefill_prompts_targets_and_reward():
 def test_encode_split_drops_long_prompts_and_pads_to_width():
     tok = CharTokenizer()
     task, _ = _task(system_prompt="x" * 40)  # every prompt: 95 characters = 95 tokens
-    with pytest.raises(ValueError, match="max_prompt_tokens=64"):
+    with pytest.raises(
+        ValueError,
+        match=r"max_prompt_tokens = 64 is invalid.*>= 95 keeps every one.*"
+        r"every one of the 6 prompts is longer \(95 tokens\)",
+    ):
         encode_split(tok, task.train, task, max_prompt_tokens=64, pad_id=0, eos_id=2)
     long = dict(task.train[0], question="What is " + "1 + " * 20 + "1?")
     data, dropped = encode_split(
