@@ -195,6 +195,10 @@ def base_config() -> ml_collections.ConfigDict:
     c.essa.temperature = 1.0
     # Skip `tell` when every candidate scores the same (no ranking information; see essa.py).
     c.essa.skip_flat = True
+    # Stop (one line, exit 2, checkpoints kept) after this many generations in a row in which
+    # every candidate tied: a reward that cannot tell candidates apart, or a sigma too small to
+    # change an answer, searches nothing. 0 = never stop.
+    c.essa.max_flat_generations = 20
     # Fitness prompts of a generation: "shared" = every candidate scores on the same
     # prompts_per_candidate prompts (candidates are ranked on identical problems); "per_candidate"
     # = each candidate draws its own mini-batch, as the ESSA paper does (arXiv 2507.04453).

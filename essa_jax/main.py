@@ -140,6 +140,7 @@ def run_from_flags(holders: dict[str, Any]) -> int:
         return 2
     from essa_jax.checkpointing import WorkdirError
     from essa_jax.data.loading import MalformedRowError
+    from essa_jax.es import SearchError
     from essa_jax.models import CheckpointError, UnsupportedModelError
     from essa_jax.rewards import RewardFunctionError
 
@@ -151,6 +152,7 @@ def run_from_flags(holders: dict[str, Any]) -> int:
         UnsupportedModelError,
         MalformedRowError,
         RewardFunctionError,
+        SearchError,
         WorkdirError,
     )
     from essa_jax.plan import PlanError

@@ -50,6 +50,7 @@ MAY_CHANGE = (
     "max_wall_seconds",
     "max_cpu_seconds",
     "task.max_reward_failure_fraction",  # when a broken reward stops the run, not a step
+    "essa.max_flat_generations",  # when a search that ranks nothing stops, not a step
     "eval.every",
     "eval.every_seconds",
     "eval.batch_size",

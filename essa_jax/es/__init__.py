@@ -11,7 +11,7 @@ bookkeeping they share (best-so-far, non-finite counts, skipped generations, cou
 each strategy's module holds only its own distribution update.
 """
 
-from essa_jax.es.base import BaseStrategy, Strategy
+from essa_jax.es.base import BaseStrategy, SearchError, Strategy
 from essa_jax.es.cma_es import CMAES, CMAESState
 from essa_jax.es.openai_es import OpenAIES, OpenAIESState
 from essa_jax.es.registry import STRATEGIES, get_strategy, register_strategy
@@ -26,6 +26,7 @@ __all__ = [
     "OpenAIESState",
     "SHAPING_FNS",
     "STRATEGIES",
+    "SearchError",
     "SepCMAES",
     "SepCMAESState",
     "Strategy",

@@ -42,6 +42,12 @@ from flax import struct
 from essa_jax.es.shaping import finite_or_worst
 
 
+class SearchError(RuntimeError):
+    """A search that is not searching: a strategy's `ask` returned non-finite points or its
+    `tell` a non-finite mean / sigma, or no generation in a long row carried a ranking. The run
+    stops in one line naming the strategy (its checkpoints stay as they are)."""
+
+
 @runtime_checkable
 class Strategy(Protocol):
     """What the loops rely on; see the module docstring.

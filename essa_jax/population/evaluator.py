@@ -45,6 +45,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh
 
+from essa_jax.es.base import SearchError
 from essa_jax.lora.svd import GenomeLayout, SVDBasis
 from essa_jax.memory import choose_rows_per_chunk, device_memory_bytes, tree_bytes
 from essa_jax.mesh import (
@@ -422,6 +423,7 @@ def essa_generation(
     evaluate: Callable[[jax.Array, jax.Array], PopulationEval],
     *,
     skip_flat: bool = False,
+    name: str | None = None,
 ) -> tuple[Any, PopulationEval]:
     """One ESSA generation (arXiv 2507.04453, Alg. 1): ask -> evaluate -> tell. Fitness MAXIMISED.
 
@@ -433,13 +435,40 @@ def essa_generation(
     skip_flat: leave the state as it is when every member has the same fitness. Equal fitness
       carries no ranking; CMA-ES would still move its mean (ties broken by index), a random walk of
       sigma * ||z|| / sqrt(mu_eff) per generation. Reported as metrics["skipped_tell"].
+    name: the strategy's registry name, for the errors below (default: its class name).
+
+    The strategy's points are checked where they enter the loop: a non-finite genome from `ask`
+    (before any rollout: NaN weights would generate garbage that scores as a flat population)
+    or a non-finite mean / sigma from `tell` raises `SearchError` naming the strategy.
 
     Returns (new strategy state, the evaluation).
     """
+    who = repr(name) if name else type(strategy).__name__
     k_ask, k_eval = jax.random.split(key)
     z = strategy.ask(k_ask, state)
+    if getattr(z, "ndim", 0) != 2:
+        raise SearchError(
+            f"strategy {who}: ask returned an array of shape {getattr(z, 'shape', None)}; it "
+            "must return the population as [population_size, num_dims]"
+        )
+    bad = int(np.sum(~np.all(np.isfinite(np.asarray(z, np.float32)), axis=-1)))
+    if bad:
+        raise SearchError(
+            f"strategy {who}: ask returned {bad} of {z.shape[0]} candidates with non-finite "
+            "values (NaN / inf); a strategy must return finite points (check its sampling and "
+            "its sigma / covariance update)"
+        )
     ev = evaluate(z, k_eval)
     flat = bool(skip_flat) and float(np.ptp(ev.fitness)) == 0.0
     new = state if flat else strategy.tell(state, z, jnp.asarray(ev.fitness))
+    if not flat:
+        for field in ("mean", "sigma"):
+            value = getattr(new, field, None)
+            if value is not None and not bool(np.all(np.isfinite(np.asarray(value)))):
+                raise SearchError(
+                    f"strategy {who}: tell returned a non-finite {field} (NaN / inf) from "
+                    f"finite fitness in [{float(np.min(ev.fitness)):g}, "
+                    f"{float(np.max(ev.fitness)):g}]; its update divides by zero or overflows"
+                )
     ev.metrics["skipped_tell"] = float(flat)
     return new, ev

@@ -35,7 +35,7 @@ from essa_jax.config import (
     check_positive,
     search_seed,
 )
-from essa_jax.es import STRATEGIES, get_strategy
+from essa_jax.es import STRATEGIES, SearchError, get_strategy
 from essa_jax.mesh import make_mesh
 from essa_jax.population import PopulationEvaluator, PromptBatch, essa_generation, text_reward
 from essa_jax.train.programs import Program, ProgramInputs, abstract, model_flops
@@ -61,6 +61,7 @@ class ESSAState:
     key: jax.Array  # uint32 [2]
     step: jax.Array  # int32 [], generations done
     cursor: dict[str, jax.Array]  # essa_jax.data cursor over the training prompts
+    flat: jax.Array  # int32 [], generations in a row up to `step` whose candidates all tied
 
 
 def genome_scale(basis: lora_lib.SVDBasis, layout: lora_lib.GenomeLayout) -> jax.Array:
@@ -149,6 +150,11 @@ def check_essa_section(config: Any, model_config: Any = None) -> None:
             "essa.rows_per_chunk", rpc, "integers >= 0 (0 = chosen from device memory)"
         )
     check_positive("essa.sigma_init", e.sigma_init)
+    mfg = e.get("max_flat_generations", 0)
+    if isinstance(mfg, bool) or not isinstance(mfg, int) or mfg < 0:
+        raise ConfigError(
+            "essa.max_flat_generations", mfg, "integers >= 0 (0: never stop on tied candidates)"
+        )
     if not 0.0 < e.alpha <= 1.0:
         raise ConfigError("essa.alpha", e.alpha, "0 < alpha <= 1")
     if e.alpha * config.lora.rank < 1:
@@ -215,6 +221,7 @@ class ESSALoop:
             key=k_run,
             step=jnp.int32(0),
             cursor=init_cursor(len(self.run.train), search_seed(self.run.config) + 1),
+            flat=jnp.int32(0),
         )
 
     @staticmethod
@@ -270,8 +277,23 @@ class ESSALoop:
             jax.random.fold_in(state.key, state.step),
             evaluate,
             skip_flat=bool(self.cfg.skip_flat),
+            name=self.cfg.strategy,
         )
         fitness = ev.fitness
+        tied = float(np.ptp(fitness)) == 0.0
+        flat = int(state.flat) + 1 if tied else 0
+        limit = int(self.cfg.get("max_flat_generations", 0))
+        if limit and flat >= limit:
+            # Every candidate scored the same for `limit` generations: nothing ranked them, so
+            # the strategy learned nothing (its tell skipped, or a random walk of its mean).
+            raise SearchError(
+                f"the search is not searching: the candidates of strategy {self.cfg.strategy!r} "
+                f"tied (one fitness for all; the last {float(fitness[0]):g}) in {flat} "
+                f"generations in a row up to generation {int(state.step) + 1}, so no ranking "
+                "reached the strategy; a reward that separates candidates, more "
+                "essa.prompts_per_candidate or a larger essa.sigma_init would, or "
+                "essa.max_flat_generations = 0 goes on regardless"
+            )
         metrics = {
             "reward": float(np.mean(fitness)),
             "skipped_tell": ev.metrics["skipped_tell"],
@@ -289,7 +311,7 @@ class ESSALoop:
             # Completions generated: every candidate answers its prompts (shared or its own).
             "rollouts": self.cfg.population_size * self.cfg.prompts_per_candidate,
         }
-        new = state.replace(es=es, step=state.step + 1, cursor=cursor)
+        new = state.replace(es=es, step=state.step + 1, cursor=cursor, flat=jnp.int32(flat))
         return new, metrics, int(ev.metrics["tokens"])
 
 
