@@ -161,11 +161,16 @@ def run_from_flags(holders: dict[str, Any]) -> int:
     resume = True if holders["resume"].value else (None if holders["resume_auto"].value else False)
     try:
         validate_config(config)  # fail in a second, before any weights are read
+        if dry_run:
+            from essa_jax.train.pipeline import check_task_data
+
+            # What the run would refuse before its weights: the task's data and prompt lengths.
+            data = check_task_data(config)
         memory = check_memory(config) if _memory_check(holders) else "memory not checked"
         if dry_run:
             print(
-                f"config OK: method {config.method!r}, model {config.model.path!r}; {memory} "
-                "(nothing run)"
+                f"config OK: method {config.method!r}, model {config.model.path!r}; {data}; "
+                f"{memory} (nothing run)"
             )
             return 0
         print(memory, flush=True)

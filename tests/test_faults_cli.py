@@ -113,6 +113,21 @@ def test_dry_run_checks_the_memory_plan_of_the_runs_programs(tmp_path):
     assert os.listdir(tmp_path) == []  # a dry run writes nothing
 
 
+def test_dry_run_checks_the_tasks_prompts_as_the_run_does(tmp_path):
+    """Prompts that cannot run (every one longer than task.max_prompt_tokens) are refused by
+    --dry_run with the run's own line, not accepted and then refused by the run."""
+    ok = run("essa_jax.main", f"--config={TINY_ESSA}", "--dry_run", cwd=tmp_path)
+    assert ok.returncode == 0, ok.stderr[-3000:]
+    assert "train / " in ok.stdout and "fit task.max_prompt_tokens=" in ok.stdout, ok.stdout
+    args = [f"--config={TINY_ESSA}", "--config.task.max_prompt_tokens=1"]
+    dry = run("essa_jax.main", *args, "--dry_run", cwd=tmp_path)
+    line = one_error_line(dry, "config.task.max_prompt_tokens = 1 is invalid", "train prompts")
+    assert os.listdir(tmp_path) == []  # a dry run writes nothing
+    real = run("essa_jax.main", *args, f"--workdir={tmp_path / 'w'}", cwd=tmp_path)
+    assert one_error_line(real) == line  # the same check, the same words
+    assert not (tmp_path / "w" / "checkpoints").exists()
+
+
 def test_a_run_that_cannot_fit_is_refused_before_any_weight_is_read(tmp_path):
     """A real run of a population of 10^6 ends in the plan's one line, not in the kernel's OOM
     killer: the model's weights here are not even a safetensors file, so reading them would fail

@@ -236,6 +236,30 @@ def _key_data(key: jax.Array) -> jax.Array:
     return jax.random.key_data(key) if jnp.issubdtype(key.dtype, jax.dtypes.prng_key) else key
 
 
+def check_task_data(config) -> str:
+    """What `build_run` checks of `config`'s task before any weight is read, without the
+    weights: the data read and split, every prompt tokenised against task.max_prompt_tokens and
+    the model's context (`encode_task`). Raises what the run would (ConfigError,
+    MalformedRowError, ...); returns the line `--dry_run` prints. Where the model's shape cannot
+    be read without its weights, the context is left to the run, and the line says so."""
+    from essa_jax.train.tasks import encode_task, load_task
+
+    task, _ = load_task(config.task, config.seed)
+    tokenizer, header = load_tokenizer_and_header(config)
+    if header is None:
+        return (
+            f"task {config.task.name}: {len(task.train)} train / {len(task.eval)} held-out "
+            "examples read (prompt lengths not checked: the model's context is not known "
+            "without its weights)"
+        )
+    enc = encode_task(config, task, tokenizer, header)
+    return (
+        f"task {config.task.name}: {len(enc.train)} train / {len(enc.heldout)} held-out prompts "
+        f"of <= {enc.train.tokens.shape[1]} tokens fit task.max_prompt_tokens="
+        f"{config.task.max_prompt_tokens} (dropped {enc.dropped_train} / {enc.dropped_heldout})"
+    )
+
+
 def build_run(config, workdir: str, *, verbose: bool = True) -> Run:
     """Load the model and task of `config` into a Run (no training)."""
     from essa_jax.train.reward_counts import RewardCounter
