@@ -337,6 +337,7 @@ _FLAG_NAMES = (
     "process_id",
     "distributed_timeout_s",
     "heartbeat_timeout_s",
+    "peer_timeout_s",
 )
 
 
@@ -370,6 +371,13 @@ def define_flags(flag_values: Any = None) -> None:
         "heartbeat_timeout_s",
         DEFAULT_HEARTBEAT_TIMEOUT_S,
         "seconds of silence after which a peer process is declared dead",
+        flag_values=fv,
+    )
+    flags.DEFINE_float(
+        "peer_timeout_s",
+        30.0,
+        "seconds without a peer's heartbeat (essa_jax.peers) after which every survivor stops "
+        "in one line naming it (exit status 69); below --heartbeat_timeout_s, so it comes first",
         flag_values=fv,
     )
 
@@ -418,6 +426,26 @@ def settings_problem(
         "every process (e.g. --coordinator_address=host:1234 --num_processes=2 --process_id=0); "
         "a single-process run needs none"
     )
+
+
+def requested_settings(flag_values: Any = None) -> tuple[str | None, int | None, int | None]:
+    """(coordinator address, process count, process id) the command line asks for (flags, else
+    the JAX_* environment); Nones when the flags were never defined and the environment is
+    silent. Read before JAX starts: the CLI decides from it whether to supervise the run."""
+    from absl import flags
+
+    fv = flags.FLAGS if flag_values is None else flag_values
+    if "coordinator_address" not in fv:
+        return (
+            os.environ.get(ENV_COORDINATOR) or None,
+            _env_int(ENV_NUM_PROCESSES),
+            _env_int(ENV_PROCESS_ID),
+        )
+    # Values read from the holders: an unparsed FlagValues (a test calling main) has defaults.
+    num, pid, coord = (fv[n].value for n in ("num_processes", "process_id", "coordinator_address"))
+    num = num if num is not None else _env_int(ENV_NUM_PROCESSES)
+    pid = pid if pid is not None else _env_int(ENV_PROCESS_ID)
+    return coord or os.environ.get(ENV_COORDINATOR) or None, num, pid
 
 
 def flags_problem(flag_values: Any = None) -> str | None:

@@ -39,7 +39,7 @@ from typing import Any
 from absl import app, flags
 from ml_collections import config_flags
 
-from essa_jax import distributed, hostmem
+from essa_jax import distributed, hostmem, peers
 
 # --coordinator_address / --num_processes / --process_id (else $JAX_COORDINATOR_ADDRESS,
 # $JAX_NUM_PROCESSES, $JAX_PROCESS_ID): one command line for every process of a multi-host run.
@@ -271,10 +271,17 @@ def main(argv: list[str]) -> int:
         print(describe_config(config), flush=True)
         if not _flag(_HOLDERS, "dry_run"):
             return 0
+    # Several processes: this command supervises its own re-run (essa_jax.peers), so that a
+    # lost peer ends every survivor in one line, also when JAX's runtime aborts the process.
+    coordinator, num, pid = distributed.requested_settings()
+    if peers.needs_supervisor(num):
+        return peers.supervise(pid or 0, num, coordinator)
     # Before validate_config: jax.device_count() there creates the backend, after which this
     # process could no longer join a multi-process run.
     distributed.skip_absent_tpu()
     distributed.initialize_from_flags()
+    if "peer_timeout_s" in flags.FLAGS:
+        peers.start_watch(float(flags.FLAGS["peer_timeout_s"].value))
     from absl import logging
 
     if not flags.FLAGS["verbosity"].present:
@@ -290,7 +297,9 @@ def main(argv: list[str]) -> int:
         sys.stderr.flush()
         os._exit(rc)
     # A barrier: no process leaves while a peer still needs it. Not reached on an exception,
-    # where waiting for the peers would only delay the failure.
+    # where waiting for the peers would only delay the failure. Marked done first: the peers
+    # still writing results must not count this process lost while it waits.
+    peers.finish_watch()
     distributed.shutdown()
     return rc
 

@@ -16,6 +16,7 @@ LAYERS = {
     "checkpointing": 0,
     "workdir": 0,
     "preemption": 0,
+    "peers": 0,
     "models": 1,
     "memory": 1,
     "es": 2,

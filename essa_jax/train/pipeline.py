@@ -45,6 +45,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from essa_jax import lora as lora_lib
+from essa_jax import peers
 from essa_jax.checkpointing import (
     Checkpointer,
     CheckpointFallbackWarning,
@@ -896,6 +897,8 @@ def _run_loop(run: Run, loop, state, meta: dict, ckpt: Checkpointer, guard: Pree
             if c.checkpoint.every and step % c.checkpoint.every == 0:
                 ckpt.save(step, state, _meta(meta, run, wall, tokens, rollouts, cpu))
                 last_saved = guard.last_checkpoint = step
+            # What a survivor's line names if a peer process disappears (essa_jax.peers).
+            peers.note_progress(step, guard.last_checkpoint)
     finally:
         progress.close()
     meta = _meta(meta, run, wall, tokens, rollouts, cpu)
