@@ -299,7 +299,7 @@ def main(argv: list[str]) -> int:
     # A barrier: no process leaves while a peer still needs it. Not reached on an exception,
     # where waiting for the peers would only delay the failure. Marked done first: the peers
     # still writing results must not count this process lost while it waits.
-    peers.finish_watch()
+    peers.finish_watch(rc)
     distributed.shutdown()
     return rc
 

@@ -138,11 +138,16 @@ class PeerWatch:
         self.progress.step, self.progress.checkpoint = int(step), checkpoint
         self.progress.write()
 
-    def finish(self) -> None:
-        """This process is done (its run returned): peers still working do not count it lost."""
+    def finish(self, status: int = 0) -> None:
+        """This process's run returned with exit `status`: done (0, or a signal's agreed stop,
+        which every process makes at the same step), so that peers still working do not count it
+        lost; any other status is published too, and a peer still running after a grace period
+        stops naming it (a user's error on one host only would otherwise leave the others
+        blocked in a collective until the runtime aborts them)."""
         self._stop.set()
+        value = _DONE if status in (0, 130, 143) else f"exit {status}"
         try:
-            self.client.key_value_set(f"{_BEAT_PREFIX}{self.me}", _DONE, allow_overwrite=True)
+            self.client.key_value_set(f"{_BEAT_PREFIX}{self.me}", value, allow_overwrite=True)
         except Exception:  # noqa: BLE001 - the coordinator may have finished first
             pass
 
@@ -161,13 +166,17 @@ class PeerWatch:
         self.client.key_value_set(f"{_BEAT_PREFIX}{self.me}", str(self._beat), allow_overwrite=True)
         beats = dict(self.client.key_value_dir_get(_BEAT_PREFIX))
         now = time.monotonic()
+        # A peer that exited with an error gets a grace period: every process may be failing
+        # the same way, each about to leave with its own line.
+        grace = min(10.0, self.timeout_s)
         for peer, (old, since) in self._seen.items():
             value = beats.get(f"{_BEAT_PREFIX}{peer}", "")
-            if value == _DONE:
+            if value != old:
                 self._seen[peer] = (value, now)
-            elif value != old:
-                self._seen[peer] = (value, now)
-            elif old != _DONE and now - since > self.timeout_s:
+            elif old.startswith("exit ") and now - since > grace:
+                self._lost(f"process {peer}", f"it stopped with exit status {old[5:]}")
+                return
+            elif old != _DONE and not old.startswith("exit ") and now - since > self.timeout_s:
                 never = "never heart-beat" if not old else "no heartbeat"
                 self._lost(f"process {peer}", f"{never} for {now - since:.0f} s")
                 return
@@ -223,11 +232,12 @@ def note_progress(step: int, checkpoint: int | None) -> None:
         _WATCH.note_progress(step, checkpoint)
 
 
-def finish_watch() -> None:
-    """This process's run returned: stop heart-beating, marked done (a no-op without a watch)."""
+def finish_watch(status: int = 0) -> None:
+    """This process's run returned `status`: stop heart-beating (`PeerWatch.finish`; a no-op
+    without a watch)."""
     global _WATCH
     if _WATCH is not None:
-        _WATCH.finish()
+        _WATCH.finish(status)
         _WATCH = None
 
 

@@ -18,6 +18,25 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+# One persistent compilation cache for the whole run: every xdist worker of one `make test` and
+# every subprocess a test starts (they inherit the environment) reads back a program another test
+# compiled, instead of compiling it again (the CLI and multi-process tests start ~150 processes
+# that build the same tiny programs). The cache key is the program, its compile options and the
+# devices, so a hit is the executable a fresh compile would give (docs/ARCHITECTURE.md, "Tests"). A test that wants its own cache
+# sets JAX_COMPILATION_CACHE_DIR for its subprocesses; ESSA_JAX_TEST_COMPILE_CACHE=0 turns it off.
+if os.environ.get("ESSA_JAX_TEST_COMPILE_CACHE", "1") != "0":
+    import tempfile
+
+    _run = os.environ.get("PYTEST_XDIST_TESTRUNUID") or f"pid{os.getpid()}"
+    os.environ.setdefault(
+        "JAX_COMPILATION_CACHE_DIR",
+        os.path.join(tempfile.gettempdir(), f"essa_jax_tests_jax_cache_{_run}"),
+    )
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+    # A size limit turns on jax's file lock around every read and write of the cache (package
+    # filelock), so two processes never read an entry another is still writing.
+    os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(8 << 30))
+
 import jax  # noqa: E402
 import pytest  # noqa: E402
 

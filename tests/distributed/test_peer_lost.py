@@ -102,6 +102,21 @@ def test_a_finished_peer_is_not_lost_and_a_dead_coordinator_is(capsys):
     assert "UNAVAILABLE" in line and "before its first step" in line
 
 
+def test_a_peer_that_left_with_an_error_is_named_after_a_grace_period(capsys):
+    client = FakeClient(2)
+    watch, exits = _watch(client, me=0)
+    watch.start()
+    client.frozen.add(1)
+    client.kv["essa_jax/beat/1"] = "exit 2"  # its own error line says why
+    assert _wait(lambda: exits == [peers.PEER_LOST_EXIT_CODE])
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "process 1 of 2 disappeared (it stopped with exit status 2)" in line
+    # Finishing with an agreed signal stop (143) or success publishes "done".
+    watch = peers.PeerWatch(client, 1, 2, exit_fn=exits.append)
+    watch.finish(143)
+    assert client.kv["essa_jax/beat/1"] == "done"
+
+
 SCRIPT = """
 import json, os, sys, time
 from essa_jax import peers
