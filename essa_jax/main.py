@@ -247,6 +247,10 @@ def _stopped_or_os_error(e: BaseException, holders: dict[str, Any]) -> int:
         return 130
     os_error = find_os_error(e) if isinstance(e, Exception) else None
     if os_error is None or _flag(holders, "verbose_errors"):
+        # With several processes, an error from a collective whose peer died: the peer watch
+        # ends the process with its one line (essa_jax.peers); otherwise this is a bug.
+        if isinstance(e, Exception) and not _flag(holders, "verbose_errors"):
+            peers.await_loss()
         raise e
     print(f"error: {os_error_line(os_error, holders['workdir'].value)}", file=sys.stderr)
     # Orbax's writer threads still hold the failed write: at interpreter exit they print dozens of

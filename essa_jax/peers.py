@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -232,6 +233,20 @@ def note_progress(step: int, checkpoint: int | None) -> None:
         _WATCH.note_progress(step, checkpoint)
 
 
+def await_loss() -> None:
+    """After an unexpected exception with several processes: give the watch the time it needs
+    (`timeout_s` and a beat) to tell whether a peer was lost. A collective whose peer died
+    raises at once (Gloo: the connection closed) in whatever the main thread was doing, e.g. a
+    checkpoint's barrier; when the watch confirms the loss it ends the process with its one line
+    (and never returns); otherwise this returns and the exception goes on as the bug it is."""
+    w = _WATCH
+    if w is None:
+        return
+    w._stop.wait(w.timeout_s + 3 * w.interval_s)
+    if w._stop.is_set():
+        time.sleep(10)  # _lost is exiting this process; a finish() would have cleared _WATCH
+
+
 def finish_watch(status: int = 0) -> None:
     """This process's run returned `status`: stop heart-beating (`PeerWatch.finish`; a no-op
     without a watch)."""
@@ -264,7 +279,7 @@ def _coordinator_reachable(address: str | None, timeout_s: float = 2.0) -> bool 
 def _who_was_lost(me: int, n: int, coordinator: str | None, stale: dict) -> str:
     others = [p for p in range(n) if p != me]
     if len(others) == 1:
-        return f"process {others[0]}"
+        return "process 0 (the coordinator)" if others[0] == 0 else f"process {others[0]}"
     if me != 0 and _coordinator_reachable(coordinator) is False:
         return "process 0 (the coordinator)"
     if stale:
@@ -282,6 +297,73 @@ def _set_parent_death_signal() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         pass
+
+
+# A line of the runtime's C++ log (glog / absl: "E1207 12:45:32.381945 ..."), a check failure's
+# stack, or what the interpreter prints when it is aborted: held back by the supervisor.
+_RUNTIME_LOG = re.compile(r"^([IWEF]\d{4} \d\d:\d\d:\d\d|\*\*\* |    @ |Fatal Python error)")
+
+
+# Lines that continue a runtime log line: its message's further lines, a stack, the thread dump
+# of the interpreter's fault handler.
+_CONTINUED = (
+    " ", "\t", "\n", ":", "*", "Additional GRPC", "Thread 0x", "Current thread",
+    "Extension modules",
+)  # fmt: skip
+
+
+class _StderrRelay:
+    """The worker's stderr, passed on line by line, except the runtime's log lines and the lines
+    that continue them (`_CONTINUED`): those wait, and pass on in order when a line of the
+    program's own comes or the worker exits normally; after an abort they are kept in a file, so
+    that an aborted worker's survivor says its one line and nothing else."""
+
+    def __init__(self, stream: Any):
+        self.held: list[bytes] = []
+        self._in_log = False
+        self._thread = threading.Thread(target=self._pump, args=(stream,), daemon=True)
+        self._thread.start()
+
+    def _pump(self, stream: Any) -> None:
+        out = sys.stderr.buffer if hasattr(sys.stderr, "buffer") else None
+        for raw in iter(stream.readline, b""):
+            text = raw.decode(errors="replace")
+            if _RUNTIME_LOG.match(text) or (self._in_log and text.startswith(_CONTINUED)):
+                self._in_log = True
+                self.held.append(raw)
+                continue
+            self._in_log = False
+            self.flush()
+            self._write(out, raw)
+
+    @staticmethod
+    def _write(out: Any, raw: bytes) -> None:
+        if out is not None:
+            out.write(raw)
+            out.flush()
+        else:
+            sys.stderr.write(raw.decode(errors="replace"))
+            sys.stderr.flush()
+
+    def join(self) -> None:
+        self._thread.join(timeout=10)
+
+    def flush(self) -> None:
+        out = sys.stderr.buffer if hasattr(sys.stderr, "buffer") else None
+        held, self.held = self.held, []
+        for raw in held:
+            self._write(out, raw)
+
+    def drop(self, path: str) -> str | None:
+        held, self.held = self.held, []
+        if not held:
+            return None
+        try:
+            with open(path, "wb") as f:
+                f.writelines(held)
+            return path
+        except OSError:
+            return None
 
 
 def supervise(process_id: int, num_processes: int, coordinator: str | None) -> int:
@@ -309,20 +391,26 @@ def supervise(process_id: int, num_processes: int, coordinator: str | None) -> i
         child = subprocess.Popen(
             [sys.executable, *sys.orig_argv[1:]],
             env=env,
+            stderr=subprocess.PIPE,
             process_group=0,
             preexec_fn=_set_parent_death_signal,
         )
         children.append(child)
         for signum in sorted(sent):
             child.send_signal(signum)
+        relay = _StderrRelay(child.stderr)
         while True:
             try:
                 rc = child.wait()
                 break
             except InterruptedError:
                 continue
+        relay.join()
         if rc >= 0:
+            relay.flush()
             return rc
+        # The runtime's own log of its abort (C++ log lines, a stack trace): kept in a file.
+        held = relay.drop(f"{progress}.stderr")
         signum = -rc
         record = Progress.read(progress)
         step, ckpt = record.get("step"), record.get("checkpoint")
@@ -348,6 +436,8 @@ def supervise(process_id: int, num_processes: int, coordinator: str | None) -> i
             return 128 + signum
         lost = _who_was_lost(process_id, num_processes, coordinator, record.get("stale_s", {}))
         why = f"this process's JAX runtime aborted ({_signal_name(signum)}) when it lost its peer"
+        if held:
+            why += f"; its log: {held}"
         print(
             lost_line(lost, why, process_id, num_processes, step, ckpt),
             file=sys.stderr,
@@ -355,7 +445,7 @@ def supervise(process_id: int, num_processes: int, coordinator: str | None) -> i
         )
         return PEER_LOST_EXIT_CODE
     finally:
-        for path in (progress, f"{progress}.tmp"):
+        for path in (progress, f"{progress}.tmp"):  # the .stderr log, if any, stays
             try:
                 os.unlink(path)
             except OSError:

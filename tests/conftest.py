@@ -22,8 +22,9 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # every subprocess a test starts (they inherit the environment) reads back a program another test
 # compiled, instead of compiling it again (the CLI and multi-process tests start ~150 processes
 # that build the same tiny programs). The cache key is the program, its compile options and the
-# devices, so a hit is the executable a fresh compile would give (docs/ARCHITECTURE.md, "Tests"). A test that wants its own cache
-# sets JAX_COMPILATION_CACHE_DIR for its subprocesses; ESSA_JAX_TEST_COMPILE_CACHE=0 turns it off.
+# devices, so a hit is the executable a fresh compile would give (docs/ARCHITECTURE.md, "Tests").
+# A test that wants its own cache sets JAX_COMPILATION_CACHE_DIR for its subprocesses;
+# ESSA_JAX_TEST_COMPILE_CACHE=0 turns it off.
 if os.environ.get("ESSA_JAX_TEST_COMPILE_CACHE", "1") != "0":
     import tempfile
 

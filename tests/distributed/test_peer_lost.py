@@ -217,10 +217,10 @@ def test_a_killed_process_ends_the_survivor_in_one_line_within_the_bound(killed,
     assert survivor.returncode == 69, err[-3000:]
     assert elapsed < timeout_s + 30, elapsed  # bounded: the watch's timeout and a margin
     lines = [ln for ln in err.strip().splitlines() if not re.match(r"[IWE]\d{4} ", ln)]
-    assert len(lines) == 1, err[-3000:]
+    assert len(lines) == 1, "\n".join(lines)[:5000]
     name = "process 0 (the coordinator)" if killed == 0 else "process 1"
     assert lines[0].startswith(f"error: {name} of 2 disappeared"), lines[0]
     step = int(lines[0].split("stopped after step ")[1].split()[0])
-    assert step >= 3
+    assert step >= 2  # process 0 logged step 3, so every process had completed step 2
     steps = complete_steps(str(work / "checkpoints"))
     assert steps and steps[-1] <= step and f"step {steps[-1]}, is kept" in lines[0]
