@@ -28,7 +28,9 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 if os.environ.get("ESSA_JAX_TEST_COMPILE_CACHE", "1") != "0":
     import tempfile
 
-    _run = os.environ.get("PYTEST_XDIST_TESTRUNUID") or f"pid{os.getpid()}"
+    # Set in the first process that reads this file (xdist's controller): its workers and every
+    # subprocess inherit the variable, so the whole run shares one folder.
+    _run = f"pid{os.getpid()}"
     os.environ.setdefault(
         "JAX_COMPILATION_CACHE_DIR",
         os.path.join(tempfile.gettempdir(), f"essa_jax_tests_jax_cache_{_run}"),
