@@ -23,6 +23,12 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--dry_run", action="store_true", help="print the plan, run nothing")
     ap.add_argument("--report_only", action="store_true", help="the report from what is done")
     ap.add_argument("--allow_commit_mix", action="store_true")
+    ap.add_argument(
+        "--start_for_minutes",
+        type=float,
+        default=0.0,
+        help="start no new run after this many minutes (0: no limit); runs in flight finish",
+    )
     return ap.parse_args(argv)
 
 
@@ -52,6 +58,9 @@ def write_report(study) -> dict:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse(argv)
+    if not args.start_for_minutes >= 0:
+        print(f"error: --start_for_minutes {args.start_for_minutes}: must be >= 0", file=sys.stderr)
+        return 2
     try:
         study = load_study(args.study)
         specs = plan_study(study)
@@ -61,7 +70,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     if args.dry_run:
         from essa_jax.study.report import choices
-        from essa_jax.study.runner import finished
+        from essa_jax.study.runner import finished, sync_records
+
+        # What the archive holds is done (a fresh checkout has no workdirs yet).
+        sync_records(study.archive, study.out)
 
         for s in plan_study(study, choices(study)):
             state = "done" if finished(s.workdir) else "todo"
@@ -69,6 +81,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(json.dumps({"sweep_runs_per_arm": check_equal_effort(study, specs)}))
         return 0
     if not args.report_only:
+        import time
+
         from essa_jax.study.runner import run_study
 
         root = os.getcwd()
@@ -81,6 +95,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             allow_commit_mix=args.allow_commit_mix,
             after_each=lambda: write_report(study),
             stages=tuple(args.stages.split(",")),
+            start_until=time.time() + 60 * args.start_for_minutes
+            if args.start_for_minutes > 0
+            else None,
         )
     else:
         from essa_jax.study.runner import sync_records

@@ -16,7 +16,14 @@ import numpy as np
 
 from essa_jax.study import stats
 from essa_jax.study.runner import RUN_PLAN, RUN_RECORD, SUMMARY, finished, read_json
-from essa_jax.study.spec import RunSpec, center_values, factor_fields, plan_study
+from essa_jax.study.spec import (
+    RunSpec,
+    center_values,
+    changes_start,
+    factor_fields,
+    held_factors,
+    plan_study,
+)
 
 
 def _rows(workdir: str) -> list[dict[str, Any]]:
@@ -107,27 +114,41 @@ def sweep_records(study: Any) -> dict[str, list[dict[str, Any]]]:
     return out
 
 
-def _score(rec: Mapping[str, Any]) -> tuple[float, float]:
-    """A sweep run's rank: final validation accuracy, ties to the higher mean over its curve."""
+def _score(rec: Mapping[str, Any], gain: bool = False) -> tuple[float, float]:
+    """A sweep run's rank: final validation accuracy, ties to the higher mean over its curve; with
+    `gain`, both less the run's own SFT start's validation accuracy (for factors that change the
+    start: a better start is not a better search)."""
     curve = [c[4] for c in rec["curve"]]
-    return (rec["validation_acc"] or 0.0, float(np.mean(curve)) if curve else 0.0)
+    base = (rec.get("sft_validation_acc") or 0.0) if gain else 0.0
+    return (
+        (rec["validation_acc"] or 0.0) - base,
+        (float(np.mean(curve)) if curve else 0.0) - base,
+    )
+
+
+def _best(study: Any, arm: str, factor: str, records: Sequence[Mapping[str, Any]]) -> Any:
+    """The best value of one factor (`_score`) among the center run and the runs that vary it;
+    a factor that changes the SFT start is scored by gain over each run's own start."""
+    center = next(r for r in records if not r["factor"])
+    cands = [(center_values(study, arm)[factor], center)] + [
+        (r["value"], r) for r in records if r["factor"] == factor
+    ]
+    return max(cands, key=lambda vr: _score(vr[1], gain=changes_start(factor)))[0]
 
 
 def choose(study: Any, arm: str, records: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
     """The arm's chosen value of every sweep factor, or None while its sweep is unfinished: per
-    factor, the best (`_score`) of the center run and the runs that vary that factor."""
+    factor, the best (`_score`) of the center run and the runs that vary that factor. A factor
+    that changes the SFT start is scored by gain over each run's own start; a held factor
+    (`spec.held_factors`) keeps the arm's own value."""
     planned = [s for s in plan_study(study) if s.stage == "sweep" and s.arm == arm]
     if len(records) < len(planned):
         return None
-    center = next(r for r in records if not r["factor"])
-    centers = center_values(study, arm)
-    out = {}
-    for factor in dict(study.arms[arm].get("sweep") or {}):
-        cands = [(centers[factor], center)] + [
-            (r["value"], r) for r in records if r["factor"] == factor
-        ]
-        out[factor] = max(cands, key=lambda vr: _score(vr[1]))[0]
-    return out
+    centers, held = center_values(study, arm), held_factors(study, arm)
+    return {
+        factor: centers[factor] if factor in held else _best(study, arm, factor, records)
+        for factor in dict(study.arms[arm].get("sweep") or {})
+    }
 
 
 def choices(study: Any) -> dict[str, dict[str, Any]]:
@@ -156,6 +177,7 @@ def sweep_summary(study: Any) -> dict[str, Any]:
                 "factor": r["factor"] or "(center)",
                 "value": r["value"],
                 "validation_acc": r["validation_acc"],
+                "start_validation_acc": r["sft_validation_acc"],
                 "curve_mean": _score(r)[1],
                 "steps": r["steps"],
                 "flags": r["flags"],
@@ -177,6 +199,12 @@ def sweep_summary(study: Any) -> dict[str, Any]:
             "planned": sum(1 for s in plan_study(study) if s.stage == "sweep" and s.arm == arm),
             "chosen": chosen,
             "chosen_at_edge": edges,
+            # Held factors (spec.held_factors): kept at the arm's value, next to the value the
+            # sweep would have picked (by gain over its own start for a start-changing factor).
+            "held": {
+                f: {"kept": chosen[f], "sweep_best": _best(study, arm, f, recs.get(arm, []))}
+                for f in (held_factors(study, arm) if chosen else ())
+            },
         }
     return out
 
@@ -388,11 +416,16 @@ def format_tables(payload: Mapping[str, Any]) -> str:
         out.append(
             f"sweep {arm} ({len(sw['runs'])}/{sw['planned']} runs): chosen {sw['chosen']}"
             + (f", at grid edge: {sw['chosen_at_edge']}" if sw["chosen_at_edge"] else "")
+            + "".join(
+                f"; {f} held at {h['kept']} (the sweep's best: {h['sweep_best']})"
+                for f, h in (sw.get("held") or {}).items()
+            )
         )
         for r in sw["runs"]:
             out.append(
                 f"    {r['factor']}={r['value']}: validation {_fmt(r['validation_acc'])}"
-                f" (curve mean {_fmt(r['curve_mean'])}, {r['steps']} updates)"
+                f" (its start {_fmt(r.get('start_validation_acc'))}; curve mean "
+                f"{_fmt(r['curve_mean'])}, {r['steps']} updates)"
             )
     out.append("")
     out.append(

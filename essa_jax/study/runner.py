@@ -167,11 +167,13 @@ def schedule(
     done: Callable[[str], bool] = finished,
     log: Callable[[str], None] = print,
     after_run: Callable[[RunSpec], Any] = lambda spec: None,
+    start_until: float | None = None,
 ) -> list[RunSpec]:
     """Every unfinished spec whose `after` runs are finished (or finish meanwhile), one per core of
     `cores` at a time; returns the specs that ran. `after_run(spec)` follows each finished run,
     one at a time (the archive: a session that ends loses only the runs in flight). A failed run
-    (non-zero exit) stops new starts: those running finish, then SystemExit names it."""
+    (non-zero exit) stops new starts: those running finish, then SystemExit names it. No run
+    starts after `start_until` (time.time()): a session about to end would lose it unfinished."""
     todo = [s for s in specs if not done(s.workdir)]
     ran: list[RunSpec] = []
     lock = threading.Condition()
@@ -185,7 +187,7 @@ def schedule(
         while True:
             with lock:
                 while True:
-                    if failed:
+                    if failed or (start_until is not None and time.time() > start_until):
                         return
                     pending = [s for s in todo if s not in ran]
                     if not pending:
@@ -261,9 +263,11 @@ def run_study(
     allow_commit_mix: bool = False,
     after_each: Callable[[], Any] = lambda: None,
     stages: Sequence[str] = ("start", "sweep", "final"),
+    start_until: float | None = None,
 ) -> None:
-    """Plan, run what is ready, archive, replan, until nothing of `stages` is left (module
-    docstring). `after_each` runs after every batch (the report)."""
+    """Plan, run what is ready, archive, replan, until nothing of `stages` is left or no run may
+    start any more (`start_until`, as in `schedule`; module docstring). `after_each` runs after
+    every batch (the report)."""
     from essa_jax.study.report import choices
 
     commit = git_commit(root)
@@ -284,8 +288,9 @@ def run_study(
                 allow_commit_mix=allow_commit_mix,
             ),
             after_run=lambda spec: sync_records(study.out, study.archive),
+            start_until=start_until,
         )
         sync_records(study.out, study.archive)
         after_each()
-        if not ran:
+        if not ran or (start_until is not None and time.time() > start_until):
             return

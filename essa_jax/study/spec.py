@@ -36,6 +36,7 @@ from typing import Any
 # trained with it (e.g. lora.rank 8 needs a rank-8 SFT adapter).
 START_FIELDS = ("lora.rank", "lora.alpha", "lora.targets")
 STAGES = ("start", "sweep", "final")
+ARM_KEYS = ("config", "start", "overrides", "tasks", "seeds", "sweep", "hold")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,12 +95,19 @@ def study_defaults() -> Study:
     # arm name -> {"config": path, "overrides": {...}, "start": start name, "tasks": (...) or
     # () for every task, "seeds": (...) or () for `seeds`, "sweep": {factor: values}}; a
     # factor is a field name or several joined by "," whose values are tuples (population x
-    # prompts at a fixed rollout count).
+    # prompts at a fixed rollout count), "hold": (factors swept and reported, but kept at the
+    # arm's own value in the final runs, e.g. a setting the protocol fixes)}.
     s.arms = {}
     s.sweep_task = ""  # "" = the first task
     s.sweep_seed = 0
     # Sweep runs every arm must have (0 = no check): equal tuning effort, by construction.
     s.sweep_runs = 0
+    # A sweep factor that changes the SFT start (a START_FIELDS field, e.g. lora.rank) needs its
+    # own start, whose accuracy differs from the others': scored by its gain over that start, and
+    # with hold_start its final runs keep the arm's own value, so every arm of a task starts from
+    # the identical SFT model (what the factor showed is reported, not chosen). False: chosen like
+    # any other factor, on that gain.
+    s.hold_start = True
     # Final runs' load flag: a run whose loop CPU seconds are below this fraction of its loop
     # wall-clock shared its core with other work (report.flags).
     s.min_cpu_share = 0.9
@@ -142,6 +150,17 @@ def load_study(path: str) -> Study:
     if not study.tasks or not study.arms:
         raise ValueError(f"{path}: a study needs tasks and arms")
     for name, arm in study.arms.items():
+        bad = sorted(set(arm) - set(ARM_KEYS))
+        if bad:
+            raise ValueError(
+                f"{path}: arm {name!r} has unknown keys {bad}; valid: {list(ARM_KEYS)}"
+            )
+        for factor in arm.get("hold", ()) or ():
+            if factor not in dict(arm.get("sweep") or {}):
+                raise ValueError(
+                    f"{path}: arm {name!r} holds {factor!r}, which it does not sweep; its sweep "
+                    f"factors: {sorted(dict(arm.get('sweep') or {}))}"
+                )
         if arm.get("start") and arm["start"] not in study.starts:
             raise ValueError(
                 f"{path}: arm {name!r} starts from {arm['start']!r}; starts: {sorted(study.starts)}"
@@ -207,6 +226,23 @@ def _shape_key(shape: Mapping[str, Any], default: Mapping[str, Any]) -> str:
         return ""
     text = json.dumps(dict(sorted(shape.items())), default=list)
     return hashlib.sha1(text.encode()).hexdigest()[:8]
+
+
+def changes_start(factor: str) -> bool:
+    """Whether a sweep factor sets a field that shapes the SFT start (START_FIELDS)."""
+    return any(f in START_FIELDS for f in factor_fields(factor))
+
+
+def held_factors(study: Any, arm: str) -> tuple[str, ...]:
+    """The arm's sweep factors whose final value is the arm's own, not the sweep's choice: its
+    "hold" list, and with `study.hold_start` every factor that changes the SFT start."""
+    spec = study.arms[arm]
+    hold = set(spec.get("hold") or ())
+    return tuple(
+        f
+        for f in dict(spec.get("sweep") or {})
+        if f in hold or (study.hold_start and changes_start(f))
+    )
 
 
 def center_values(study: Any, arm: str) -> dict[str, Any]:

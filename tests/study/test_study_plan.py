@@ -135,6 +135,63 @@ def test_choices_decide_the_final_runs(tmp_path):
     assert choose(study, "essa", []) is None
 
 
+def test_a_factor_that_changes_the_start_is_scored_by_gain_and_held(tmp_path):
+    """lora.rank needs its own SFT start: its sweep run is judged by its gain over that start
+    (a better start is not a better search), and with hold_start (the default) the final runs keep
+    the arm's rank, so every arm of a task starts from the identical SFT model."""
+    study = _study(tmp_path)
+    for r in plan_study(study):
+        if r.stage == "sweep" and r.arm == "essa":
+            rank8 = r.factor == "lora.rank"
+            # The rank-8 run ends highest (0.62) but from a start 0.10 higher: a gain of 0.02
+            # against the rank-4 center's 0.05. Sigma 0.5 is the best of its factor.
+            acc = {"": 0.55, "essa.sigma_init": 0.57 if r.value == 0.5 else 0.4}.get(r.factor, 0.5)
+            rec = _sweep_record(0.62 if rank8 else acc)
+            rec["sft_validation_acc"] = 0.60 if rank8 else 0.50
+            _finish(r.workdir, rec)
+    sw = sweep_summary(study)["essa"]
+    assert sw["chosen"]["essa.sigma_init"] == 0.5  # other factors: by accuracy, as before
+    assert sw["chosen"]["lora.rank"] == 4
+    assert sw["held"] == {"lora.rank": {"kept": 4, "sweep_best": 4}}
+    assert {r["start_validation_acc"] for r in sw["runs"]} == {0.5, 0.6}
+    finals = [r for r in plan_study(study, {"essa": sw["chosen"]}) if r.stage == "final"]
+    assert {r.overrides.get("lora.rank", 4) for r in finals} == {4}
+    # Not held: chosen on gain, so rank 4 still (0.05 > 0.02), and rank 8 once its gain leads.
+    study.hold_start = False
+    assert choose(study, "essa", _records(study, "essa"))["lora.rank"] == 4
+    rank8 = next(r for r in plan_study(study) if r.arm == "essa" and r.factor == "lora.rank")
+    rec = _sweep_record(0.70)
+    rec["sft_validation_acc"] = 0.60
+    _finish(rank8.workdir, rec)
+    assert choose(study, "essa", _records(study, "essa"))["lora.rank"] == 8
+    # An arm's "hold" list keeps a factor at the arm's value whatever the sweep found.
+    study.arms["essa"]["hold"] = ("essa.sigma_init",)
+    assert choose(study, "essa", _records(study, "essa"))["essa.sigma_init"] == 1.0
+    assert sweep_summary(study)["essa"]["held"] == {
+        "essa.sigma_init": {"kept": 1.0, "sweep_best": 0.5}
+    }
+
+
+def _records(study, arm):
+    from essa_jax.study.report import sweep_records
+
+    return sweep_records(study)[arm]
+
+
+def test_no_run_starts_after_the_deadline(tmp_path):
+    study = _study(tmp_path)
+    runs = [r for r in plan_study(study) if r.arm in ("", "grpo")]
+    started = []
+
+    def run_one(spec, core):
+        started.append(spec)
+        _finish(spec.workdir)
+        return 0
+
+    assert schedule(runs, [0], run_one, log=lambda m: None, start_until=0.0) == []
+    assert not started and not any(os.path.exists(r.workdir) for r in runs)
+
+
 def test_schedule_respects_dependencies_and_stops_on_failure(tmp_path):
     study = _study(tmp_path)
     runs = [r for r in plan_study(study) if r.arm in ("", "grpo")]
@@ -196,6 +253,18 @@ def test_study_file_errors(tmp_path):
         load_study(str(bad))
     with pytest.raises(ValueError, match="does not exist"):
         load_study(str(tmp_path / "missing.py"))
+    bad.write_text(
+        "def get_study():\n    return {'name': 'x', 'tasks': {'a': {}}, "
+        "'arms': {'e': {'config': 'c', 'hodl': ('lr',)}}}\n"
+    )
+    with pytest.raises(ValueError, match="arm 'e' has unknown keys \\['hodl'\\]"):
+        load_study(str(bad))
+    bad.write_text(
+        "def get_study():\n    return {'name': 'x', 'tasks': {'a': {}}, "
+        "'arms': {'e': {'config': 'c', 'sweep': {'lr': (1, 2)}, 'hold': ('sigma',)}}}\n"
+    )
+    with pytest.raises(ValueError, match="holds 'sigma', which it does not sweep"):
+        load_study(str(bad))
 
 
 def test_report_from_records(tmp_path):
