@@ -111,6 +111,15 @@ def define_flags(
             "each program).",
             flag_values=flag_values,
         ),
+        "compile_cache": flags.DEFINE_string(
+            "compile_cache",
+            "auto",
+            "JAX's persistent compilation cache, so that a resumed or repeated run skips most "
+            "compilation: auto ($JAX_COMPILATION_CACHE_DIR, else $ESSA_JAX_COMPILE_CACHE, else "
+            "~/.cache/essa_jax/jax_compile), off, or a folder; safe to share between runs "
+            "(essa_jax.compile_cache).",
+            flag_values=flag_values,
+        ),
         "allow_config_change": flags.DEFINE_bool(
             "allow_config_change",
             False,
@@ -286,6 +295,14 @@ def main(argv: list[str]) -> int:
     distributed.initialize_from_flags()
     if "peer_timeout_s" in flags.FLAGS:
         peers.start_watch(float(flags.FLAGS["peer_timeout_s"].value))
+    if "compile_cache" in _HOLDERS:
+        from essa_jax import compile_cache
+
+        try:
+            compile_cache.enable(_HOLDERS["compile_cache"].value)
+        except ValueError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
     from absl import logging
 
     if not flags.FLAGS["verbosity"].present:

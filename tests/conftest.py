@@ -39,6 +39,9 @@ if os.environ.get("ESSA_JAX_TEST_COMPILE_CACHE", "1") != "0":
     # A size limit turns on jax's file lock around every read and write of the cache (package
     # filelock), so two processes never read an entry another is still writing.
     os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(8 << 30))
+else:
+    # Runs started by tests would otherwise use the user's cache (essa_jax.compile_cache).
+    os.environ.setdefault("ESSA_JAX_COMPILE_CACHE", "off")
 
 import jax  # noqa: E402
 import pytest  # noqa: E402

@@ -17,6 +17,7 @@ LAYERS = {
     "workdir": 0,
     "preemption": 0,
     "peers": 0,
+    "compile_cache": 0,
     "models": 1,
     "memory": 1,
     "es": 2,
