@@ -152,6 +152,13 @@ class PeerWatch:
         except Exception:  # noqa: BLE001 - the coordinator may have finished first
             pass
 
+    def await_loss(self) -> None:
+        """Wait up to `timeout_s` and a few beats for this watch to find a lost peer (module
+        function `await_loss`); when it does, `_lost` is exiting the process: never return."""
+        self._stop.wait(self.timeout_s + 3 * self.interval_s)
+        if self._stop.is_set():
+            time.sleep(10)  # _lost is exiting this process; a finish() would have cleared _WATCH
+
     def _lost(self, lost: str, why: str) -> None:
         if self._stop.is_set():
             return
@@ -239,12 +246,8 @@ def await_loss() -> None:
     raises at once (Gloo: the connection closed) in whatever the main thread was doing, e.g. a
     checkpoint's barrier; when the watch confirms the loss it ends the process with its one line
     (and never returns); otherwise this returns and the exception goes on as the bug it is."""
-    w = _WATCH
-    if w is None:
-        return
-    w._stop.wait(w.timeout_s + 3 * w.interval_s)
-    if w._stop.is_set():
-        time.sleep(10)  # _lost is exiting this process; a finish() would have cleared _WATCH
+    if _WATCH is not None:
+        _WATCH.await_loss()
 
 
 def finish_watch(status: int = 0) -> None:
@@ -320,12 +323,12 @@ class _StderrRelay:
 
     def __init__(self, stream: Any):
         self.held: list[bytes] = []
+        self._out = sys.stderr.buffer if hasattr(sys.stderr, "buffer") else None
         self._in_log = False
         self._thread = threading.Thread(target=self._pump, args=(stream,), daemon=True)
         self._thread.start()
 
     def _pump(self, stream: Any) -> None:
-        out = sys.stderr.buffer if hasattr(sys.stderr, "buffer") else None
         for raw in iter(stream.readline, b""):
             text = raw.decode(errors="replace")
             if _RUNTIME_LOG.match(text) or (self._in_log and text.startswith(_CONTINUED)):
@@ -334,13 +337,12 @@ class _StderrRelay:
                 continue
             self._in_log = False
             self.flush()
-            self._write(out, raw)
+            self._write(raw)
 
-    @staticmethod
-    def _write(out: Any, raw: bytes) -> None:
-        if out is not None:
-            out.write(raw)
-            out.flush()
+    def _write(self, raw: bytes) -> None:
+        if self._out is not None:
+            self._out.write(raw)
+            self._out.flush()
         else:
             sys.stderr.write(raw.decode(errors="replace"))
             sys.stderr.flush()
@@ -349,10 +351,9 @@ class _StderrRelay:
         self._thread.join(timeout=10)
 
     def flush(self) -> None:
-        out = sys.stderr.buffer if hasattr(sys.stderr, "buffer") else None
         held, self.held = self.held, []
         for raw in held:
-            self._write(out, raw)
+            self._write(raw)
 
     def drop(self, path: str) -> str | None:
         held, self.held = self.held, []
