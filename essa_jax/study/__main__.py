@@ -10,7 +10,7 @@ import platform
 import sys
 from collections.abc import Sequence
 
-from essa_jax.study.spec import check_equal_effort, load_study, plan_study
+from essa_jax.study.spec import check_equal_effort, extension_runs, load_study, plan_study
 
 
 def parse(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -78,7 +78,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         for s in plan_study(study, choices(study)):
             state = "done" if finished(s.workdir) else "todo"
             print(f"{state}  {s.label:<50} {s.workdir}")
-        print(json.dumps({"sweep_runs_per_arm": check_equal_effort(study, specs)}))
+        effort = {
+            "sweep_runs_per_arm": check_equal_effort(study, specs),
+            "extension_runs_per_arm": extension_runs(specs),
+        }
+        print(json.dumps(effort))
         return 0
     if not args.report_only:
         import time

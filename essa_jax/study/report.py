@@ -21,6 +21,7 @@ from essa_jax.study.spec import (
     center_values,
     changes_start,
     factor_fields,
+    grid,
     held_factors,
     plan_study,
 )
@@ -73,6 +74,7 @@ def collect(spec: RunSpec, min_cpu_share: float = 0.9) -> dict[str, Any] | None:
         "seed": spec.seed,
         "factor": spec.factor,
         "value": spec.value,
+        "extension": spec.extension,
         "workdir": wd,
         "commit": rec.get("commit"),
         "overrides": read_json(os.path.join(wd, RUN_PLAN))
@@ -180,6 +182,7 @@ def sweep_summary(study: Any) -> dict[str, Any]:
                 "start_validation_acc": r["sft_validation_acc"],
                 "curve_mean": _score(r)[1],
                 "steps": r["steps"],
+                "extension": r.get("extension", False),
                 "flags": r["flags"],
             }
             for r in recs.get(arm, [])
@@ -187,13 +190,14 @@ def sweep_summary(study: Any) -> dict[str, Any]:
         chosen = choose(study, arm, recs.get(arm, []))
         edges = {}
         if chosen:
-            for factor, values in sweep.items():
-                vals = list(values)
+            for factor in sweep:
+                vals = grid(spec, factor)
                 numeric = all(isinstance(v, int | float) for v in vals) and len(vals) > 2
                 if numeric:
                     edges[factor] = chosen[factor] in (min(vals), max(vals))
         out[arm] = {
-            "factors": {f: list(v) for f, v in sweep.items()},
+            "factors": {f: grid(spec, f) for f in sweep},
+            "extended": {f: list(v) for f, v in dict(spec.get("extend") or {}).items()},
             "fields": {f: factor_fields(f) for f in sweep},
             "runs": rows,
             "planned": sum(1 for s in plan_study(study) if s.stage == "sweep" and s.arm == arm),
@@ -426,6 +430,7 @@ def format_tables(payload: Mapping[str, Any]) -> str:
                 f"    {r['factor']}={r['value']}: validation {_fmt(r['validation_acc'])}"
                 f" (its start {_fmt(r.get('start_validation_acc'))}; curve mean "
                 f"{_fmt(r['curve_mean'])}, {r['steps']} updates)"
+                + (" [grid extension]" if r.get("extension") else "")
             )
     out.append("")
     out.append(

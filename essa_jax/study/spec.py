@@ -36,7 +36,7 @@ from typing import Any
 # trained with it (e.g. lora.rank 8 needs a rank-8 SFT adapter).
 START_FIELDS = ("lora.rank", "lora.alpha", "lora.targets")
 STAGES = ("start", "sweep", "final")
-ARM_KEYS = ("config", "start", "overrides", "tasks", "seeds", "sweep", "hold")
+ARM_KEYS = ("config", "start", "overrides", "tasks", "seeds", "sweep", "hold", "extend")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,6 +55,7 @@ class RunSpec:
     arm: str = ""  # the arm a sweep / final run belongs to
     factor: str = ""  # sweep runs: the factor varied ("" = the center run)
     value: Any = None  # sweep runs: its value
+    extension: bool = False  # sweep runs: of the arm's "extend" (beyond its registered grid)
 
     @property
     def label(self) -> str:
@@ -96,7 +97,10 @@ def study_defaults() -> Study:
     # () for every task, "seeds": (...) or () for `seeds`, "sweep": {factor: values}}; a
     # factor is a field name or several joined by "," whose values are tuples (population x
     # prompts at a fixed rollout count), "hold": (factors swept and reported, but kept at the
-    # arm's own value in the final runs, e.g. a setting the protocol fixes)}.
+    # arm's own value in the final runs, e.g. a setting the protocol fixes), "extend": {factor:
+    # values beyond its grid}: when a choice sits at the edge of a numeric grid, the bracketing
+    # rule grows that grid outward; the runs come after the registered sweep (whose run names
+    # stay), are counted apart from `sweep_runs` and reported as extensions}.
     s.arms = {}
     s.sweep_task = ""  # "" = the first task
     s.sweep_seed = 0
@@ -161,6 +165,7 @@ def load_study(path: str) -> Study:
                     f"{path}: arm {name!r} holds {factor!r}, which it does not sweep; its sweep "
                     f"factors: {sorted(dict(arm.get('sweep') or {}))}"
                 )
+        _check_extend(path, name, arm)
         if arm.get("start") and arm["start"] not in study.starts:
             raise ValueError(
                 f"{path}: arm {name!r} starts from {arm['start']!r}; starts: {sorted(study.starts)}"
@@ -171,6 +176,37 @@ def load_study(path: str) -> Study:
                     f"{path}: arm {name!r} names task {task!r}; tasks: {sorted(study.tasks)}"
                 )
     return study
+
+
+def _check_extend(path: str, name: str, arm: Mapping[str, Any]) -> None:
+    """An arm's "extend" grows a swept numeric factor's grid outward (a value inside the grid's
+    range would be more tuning, not bracketing): ValueError otherwise."""
+    sweep = dict(arm.get("sweep") or {})
+    for factor, values in dict(arm.get("extend") or {}).items():
+        if factor not in sweep:
+            raise ValueError(
+                f"{path}: arm {name!r} extends {factor!r}, which it does not sweep; its sweep "
+                f"factors: {sorted(sweep)}"
+            )
+        grid = list(sweep[factor])
+        if not all(isinstance(v, int | float) for v in [*grid, *values]):
+            raise ValueError(
+                f"{path}: arm {name!r} extends {factor!r}: only a numeric grid can be extended"
+            )
+        inside = [v for v in values if min(grid) <= v <= max(grid)]
+        if inside:
+            raise ValueError(
+                f"{path}: arm {name!r} extends {factor!r} with {inside}, inside its grid "
+                f"[{min(grid)}, {max(grid)}]: an extension lies below or above the grid"
+            )
+
+
+def grid(arm_spec: Mapping[str, Any], factor: str) -> list[Any]:
+    """A sweep factor's values: its registered grid, then its extension ("extend")."""
+    return [
+        *dict(arm_spec.get("sweep") or {})[factor],
+        *dict(arm_spec.get("extend") or {}).get(factor, ()),
+    ]
 
 
 def _plain(d: Any) -> dict[str, Any]:
@@ -378,6 +414,21 @@ def plan_study(study: Any, chosen: Mapping[str, Mapping[str, Any]] | None = None
                     study.sweep_budget,
                 )
                 arm_runs.append(dataclasses.replace(r, factor=factor, value=value))
+        # Extensions after the registered grid: the recorded runs keep their names (indices).
+        for factor, values in _plain(spec.get("extend")).items():
+            for value in values:
+                i += 1
+                ov = {**base, **factor_overrides(factor, value)}
+                r = loop_run(
+                    "sweep",
+                    sweep_task,
+                    arm,
+                    f"sweep_{arm}_{i}",
+                    study.sweep_seed,
+                    ov,
+                    study.sweep_budget,
+                )
+                arm_runs.append(dataclasses.replace(r, factor=factor, value=value, extension=True))
     # Round-robin over arms: a study cut short has every arm's sweep equally advanced (equal
     # effort at any point), and side-by-side runs are of different arms (a full-parameter run
     # beside an ESSA one, not beside another full-parameter one: memory).
@@ -412,11 +463,12 @@ def _same(a: Any, b: Any) -> bool:
 
 
 def check_equal_effort(study: Any, runs: Sequence[RunSpec]) -> dict[str, int]:
-    """Sweep runs per arm (arms with a sweep); ValueError when `study.sweep_runs` is set and an arm
+    """Registered sweep runs per arm (arms with a sweep; extensions, which only bracket an edge
+    choice, are counted by `extension_runs`); ValueError when `study.sweep_runs` is set and an arm
     has another number: unequal tuning effort is refused before anything runs."""
     counts: dict[str, int] = {}
     for r in runs:
-        if r.stage == "sweep":
+        if r.stage == "sweep" and not r.extension:
             counts[r.arm] = counts.get(r.arm, 0) + 1
     want = int(study.sweep_runs)
     if want:
@@ -426,4 +478,13 @@ def check_equal_effort(study: Any, runs: Sequence[RunSpec]) -> dict[str, int]:
                 f"study {study.name}: sweep_runs = {want} per arm, but {bad} (equal tuning effort: "
                 "give every swept arm the same number of sweep runs)"
             )
+    return counts
+
+
+def extension_runs(runs: Sequence[RunSpec]) -> dict[str, int]:
+    """Extension sweep runs per arm ("extend"): reported beside the equal registered count."""
+    counts: dict[str, int] = {}
+    for r in runs:
+        if r.stage == "sweep" and r.extension:
+            counts[r.arm] = counts.get(r.arm, 0) + 1
     return counts

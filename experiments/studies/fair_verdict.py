@@ -23,6 +23,8 @@ Protocol (docs/STUDIES.md):
   run would see 3-4 generations. 24 x 32 is the issue's floor (population >= 24, >= 32 prompts
   per candidate); 48 x 16 and 96 x 8 are swept and reported, the finals stay at 24 x 32.
   Gradient arms: learning rate (5-6 values bracketing the #32 choice) and group size / gamma.
+  A choice at a grid's edge is bracketed by one extension run beyond it ("extend": LoRA GRPO
+  lr 1e-5, full GRPO G2), counted apart from the 8 (it can only help the gradient arm).
 - final runs: 2 400 CPU seconds of loop each: ~30 ESSA generations at 24 x 32 (~80 s each), not
   the >= 100 the issue asks for: 100 would take ~8 000 CPU s per run, and a full-parameter run
   cannot outlive a session here (its 1.6 GB checkpoints are not kept), so every arm gets 2 400 s.
@@ -136,6 +138,8 @@ def get_study():
                     "grpo.learning_rate": (3e-7, 1e-6, 3e-6, 1e-5, 3e-5, 1e-4),
                     "grpo.group_size": (4, 8, 16),
                 },
+                # G4 was chosen at the grid's edge: bracketed below (DECISIONS.md, 2026-12-07).
+                "extend": {"grpo.group_size": (2,)},
             },
             "fgrpo_full": {
                 "config": FGRPO,
@@ -154,6 +158,8 @@ def get_study():
                     "grpo.learning_rate": (3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2),
                     "grpo.group_size": (4, 8, 16),
                 },
+                # lr 3e-5 was chosen at the grid's edge: bracketed below (DECISIONS.md).
+                "extend": {"grpo.learning_rate": (1e-5,)},
             },
             # #32's short start, sub_2d only, at the arms' chosen settings of today's rank 4.
             "essa_short": {

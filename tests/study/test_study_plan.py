@@ -11,7 +11,7 @@ import pytest
 from essa_jax.study import check_equal_effort, load_study, plan_study, schedule, sync_records
 from essa_jax.study.report import choose, sweep_summary
 from essa_jax.study.runner import check_plan
-from essa_jax.study.spec import center_values
+from essa_jax.study.spec import center_values, extension_runs
 
 CONFIGS = os.path.join(os.path.dirname(__file__), "..", "..", "experiments", "configs")
 ESSA = os.path.abspath(os.path.join(CONFIGS, "essa_smollm2_arith.py"))  # rank 4
@@ -170,6 +170,47 @@ def test_a_factor_that_changes_the_start_is_scored_by_gain_and_held(tmp_path):
     assert sweep_summary(study)["essa"]["held"] == {
         "essa.sigma_init": {"kept": 1.0, "sweep_best": 0.5}
     }
+
+
+def test_an_edge_choice_is_bracketed_by_an_extension(tmp_path):
+    """A choice at the edge of its grid (lr 1e-6, the grid's lowest) is bracketed by "extend":
+    the extension's runs come after the registered sweep (whose run names stay), count apart from
+    the equal-effort number, join the choice and move the edge check to the grown grid."""
+    study = _study(tmp_path)
+    accs = {1e-6: 0.6, 1e-5: 0.5, 1e-4: 0.4, 1e-3: 0.3, 3e-3: 0.0, 3e-7: 0.55}
+    before = {r.name: r.value for r in plan_study(study) if r.stage == "sweep"}
+    for r in plan_study(study):
+        if r.stage == "sweep" and r.arm == "grpo":
+            _finish(r.workdir, _sweep_record(accs[r.value if r.factor else 1e-4]))
+    assert sweep_summary(study)["grpo"]["chosen_at_edge"] == {"grpo.learning_rate": True}
+    study.arms["grpo"]["extend"] = {"grpo.learning_rate": (3e-7,)}
+    runs = plan_study(study)
+    after = {r.name: r.value for r in runs if r.stage == "sweep"}
+    assert {k: after[k] for k in before} == before  # recorded runs keep their names
+    (ext,) = [r for r in runs if r.extension]
+    assert (ext.name, ext.value, ext.arm) == ("sweep_grpo_5", 3e-7, "grpo")
+    assert check_equal_effort(study, runs) == {"essa": 5, "grpo": 5}
+    assert extension_runs(runs) == {"grpo": 1}
+    # Unfinished extension: the arm is undecided (no finals on a half-grown grid).
+    assert choose(study, "grpo", _records(study, "grpo")) is None
+    _finish(ext.workdir, _sweep_record(accs[3e-7]))
+    sw = sweep_summary(study)["grpo"]
+    assert sw["chosen"] == {"grpo.learning_rate": 1e-6}
+    assert sw["chosen_at_edge"] == {"grpo.learning_rate": False}
+    assert sw["factors"]["grpo.learning_rate"][-1] == 3e-7
+    assert [r["value"] for r in sw["runs"] if r["extension"]] == [3e-7]
+    # An extension lies outside the grid, of a factor the arm sweeps.
+    for extend, match in (
+        ({"grpo.learning_rate": (5e-5,)}, "inside its grid"),
+        ({"grpo.group_size": (2,)}, "extends 'grpo.group_size', which it does not sweep"),
+    ):
+        study.arms["grpo"]["extend"] = extend
+        path = tmp_path / "ext.py"
+        path.write_text(
+            "def get_study():\n    return " + repr({k: v for k, v in study.items()}) + "\n"
+        )
+        with pytest.raises(ValueError, match=match):
+            load_study(str(path))
 
 
 def _records(study, arm):
