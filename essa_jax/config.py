@@ -437,7 +437,7 @@ def check_task_config(task, *, check_paths: bool = True) -> None:
                 f"task {task.name!r} is read from disk: set --config.{field}=/path/to/data "
                 "(nothing is downloaded at run time); generated tasks need no path: add_<n>d, "
                 "sub_<n>d, mul_<n>d, arith_mixed[_l1|_l2|_l3], word_problems[_l1|_l2|_l3], "
-                "instructions[_l1|_l2]",
+                "instructions[_ood][_l1|_l2]",
             )
     if not task.eval_path and not 0.0 < task.eval_fraction < 1.0:
         raise ConfigError(

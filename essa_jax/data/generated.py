@@ -3,9 +3,10 @@
     generate_task("add_2d", num_train=2000, num_eval=100, seed=0) -> (train, eval)
 
 Names: add_<n>d, sub_<n>d, mul_<n>d, arith_mixed[_l1|_l2|_l3] (see `arithmetic`) and
-word_problems[_l1|_l2|_l3] (see `word_problems`) and instructions[_l1|_l2] (IFEval-format
-instruction following, see `instructions`). Train and eval are disjoint and deterministic per
-seed; `prompt` is set to the question (docs/ARCHITECTURE.md).
+word_problems[_l1|_l2|_l3] (see `word_problems`) and instructions[_ood][_l1|_l2] (IFEval-format
+instruction following, see `instructions`; _ood: held-out types, topics and verbs). Train and
+eval are disjoint and deterministic per seed; `prompt` is set to the question
+(docs/ARCHITECTURE.md).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from .instructions import generate_instructions
 from .word_problems import WordProblemSpace
 
 _WORD_RE = re.compile(r"^word_problems(?:_l(\d))?$")
-_INSTRUCTIONS_RE = re.compile(r"^instructions(?:_l(\d))?$")
+_INSTRUCTIONS_RE = re.compile(r"^instructions(_ood)?(?:_l(\d))?$")
 GENERATED_TASKS = (
     "add_1d",
     "add_2d",
@@ -38,6 +39,9 @@ GENERATED_TASKS = (
     "instructions",
     "instructions_l1",
     "instructions_l2",
+    "instructions_ood",
+    "instructions_ood_l1",
+    "instructions_ood_l2",
 )
 
 
@@ -68,9 +72,9 @@ def generate_task(
             level=level,
         )
     elif m := _INSTRUCTIONS_RE.match(name):
-        lvl = level if level is not None else (int(m.group(1)) if m.group(1) else None)
+        lvl = level if level is not None else (int(m.group(2)) if m.group(2) else None)
         return generate_instructions(
-            name, num_train=num_train, num_eval=num_eval, seed=seed, level=lvl
+            name, num_train=num_train, num_eval=num_eval, seed=seed, level=lvl, ood=bool(m.group(1))
         )
     else:
         m = _WORD_RE.match(name)

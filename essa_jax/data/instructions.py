@@ -19,6 +19,13 @@ satisfies them.
 
 Deterministic per seed; train and held-out prompts are disjoint (`draw_unique` draws distinct
 prompt texts; the held-out set is drawn first).
+
+`instructions_ood[_l1|_l2]`: the held-out set shares nothing with training but the format.
+Its instruction types (`OOD_TYPES`: title, end phrase, no commas, sentence count), topics
+(`OOD_TOPICS`, 6 of 24) and request verbs (`OOD_VERBS`) never occur in a training (or
+validation, carved from the training stream) prompt, so a held-out score measures instruction
+following that transfers, not a template learned (issue #41: the in-template held-out set of
+`instructions` cannot tell the two apart).
 """
 
 from __future__ import annotations
@@ -279,6 +286,15 @@ VERBS = (
     "Tell me about",
     "Write a few sentences about",
 )
+# instructions_ood: what only its held-out prompts use (never a training prompt).
+OOD_TYPES = ("title", "end", "no_comma", "sentences")
+OOD_TOPICS = ("tea", "rivers", "apples", "libraries", "birds", "the desert")
+OOD_VERBS = (
+    "Give a brief account of",
+    "Share a few facts about",
+    "Compose a short note on",
+    "Say something about",
+)
 # Words no topic's reference text uses (`keywords:forbidden_words`; checked at import below).
 FORBIDDEN = ("money", "computer", "war", "phone", "car", "king", "doctor", "game")
 END_PHRASES = (
@@ -328,9 +344,12 @@ def _compatible(a: str, b: str) -> bool:
     return a != b and b not in _EXCLUDES.get(a, ()) and a not in _EXCLUDES.get(b, ())
 
 
-def instruction_sets(level: int | None) -> list[tuple[str, ...]]:
-    """Every set of short instruction names a prompt may carry at `level` (1, 2 or None: both)."""
-    names = sorted(IDS)
+def instruction_sets(
+    level: int | None, types: tuple[str, ...] | None = None
+) -> list[tuple[str, ...]]:
+    """Every set of short instruction names a prompt may carry at `level` (1, 2 or None: both),
+    drawn from `types` (None: every name in IDS)."""
+    names = sorted(types if types is not None else IDS)
     one = [(n,) for n in names]
     two = [(a, b) for a, b in itertools.combinations(names, 2) if _compatible(a, b)]
     return {1: one, 2: two, None: one + two}[level]
@@ -391,11 +410,18 @@ def _limit(rng: np.random.Generator, count: int, slack: int) -> tuple[str, int]:
     return "less than", count + d
 
 
-def make_example(rng: np.random.Generator, names: tuple[str, ...]) -> dict[str, Any]:
-    """One prompt with instructions `names`, its IFEval fields and a reference response."""
-    topic = list(TOPICS)[int(rng.integers(len(TOPICS)))]
+def make_example(
+    rng: np.random.Generator,
+    names: tuple[str, ...],
+    topics: tuple[str, ...] | None = None,
+    verbs: tuple[str, ...] = VERBS,
+) -> dict[str, Any]:
+    """One prompt with instructions `names` about one of `topics` (None: every topic) asked with
+    one of `verbs`, its IFEval fields and a reference response."""
+    pool = list(topics if topics is not None else TOPICS)
+    topic = pool[int(rng.integers(len(pool)))]
     title, keywords, sentences = TOPICS[topic]
-    verb = VERBS[int(rng.integers(len(VERBS)))]
+    verb = verbs[int(rng.integers(len(verbs)))]
     kw: dict[str, dict[str, Any]] = {n: {} for n in names}
     body = list(sentences)
     if "bullets" in names:
@@ -444,34 +470,62 @@ def make_example(rng: np.random.Generator, names: tuple[str, ...]) -> dict[str, 
 
 
 class InstructionSpace:
-    """Prompts of one level for `draw_unique`: a distinct prompt text is a distinct problem."""
+    """Prompts of one level for `draw_unique`: a distinct prompt text is a distinct problem.
+    `types`, `topics`, `verbs` restrict what a prompt may use (None: everything)."""
 
-    def __init__(self, task: str, level: int | None):
+    def __init__(
+        self,
+        task: str,
+        level: int | None,
+        types: tuple[str, ...] | None = None,
+        topics: tuple[str, ...] | None = None,
+        verbs: tuple[str, ...] = VERBS,
+    ):
         if level not in (1, 2, None):
             raise ValueError(f"instructions level {level} is not valid; valid: [1, 2]")
         self.task = task
-        self.sets = instruction_sets(level)
+        self.sets = instruction_sets(level, types)
+        self.topics = tuple(topics if topics is not None else TOPICS)
+        self.verbs = tuple(verbs)
         per_topic = sum(math.prod(_VARIANTS.get(n, 1) for n in s) for s in self.sets)
         # An upper bound on distinct prompts: topics x verbs x kwargs variants of every set.
-        self.size = len(TOPICS) * len(VERBS) * per_topic
+        self.size = len(self.topics) * len(self.verbs) * per_topic
 
     def sample(self, rng: np.random.Generator) -> tuple[str, dict[str, Any]]:
         names = self.sets[int(rng.integers(len(self.sets)))]
-        ex = make_example(rng, names)
+        ex = make_example(rng, names, self.topics, self.verbs)
         ex["task"] = self.task
         return ex["prompt"], ex
 
 
+def ood_spaces(name: str, level: int | None) -> tuple[InstructionSpace, InstructionSpace]:
+    """(train space, held-out space) of `instructions_ood`: disjoint instruction types, topics and
+    verbs (module docstring)."""
+    train_types = tuple(n for n in IDS if n not in OOD_TYPES)
+    train_topics = tuple(t for t in TOPICS if t not in OOD_TOPICS)
+    return (
+        InstructionSpace(name, level, train_types, train_topics, VERBS),
+        InstructionSpace(name, level, OOD_TYPES, OOD_TOPICS, OOD_VERBS),
+    )
+
+
 def generate_instructions(
-    name: str, *, num_train: int, num_eval: int, seed: int, level: int | None
+    name: str, *, num_train: int, num_eval: int, seed: int, level: int | None, ood: bool = False
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """(train, eval) of `instructions[_l<level>]`; ids are `<name>-<split>-<i>` (also `key`)."""
+    """(train, eval) of `instructions[_l<level>]`, or with `ood` of `instructions_ood[_l<level>]`
+    (eval from `ood_spaces`' held-out space); ids are `<name>-<split>-<i>` (also `key`)."""
     from .arithmetic import draw_unique
 
     if num_train < 0 or num_eval < 0:
         raise ValueError(f"num_train and num_eval must be >= 0, got {num_train}, {num_eval}")
-    rows = draw_unique(InstructionSpace(name, level), num_train + num_eval, seed, name)
-    evals, train = rows[:num_eval], rows[num_eval:]
+    if ood:
+        train_space, eval_space = ood_spaces(name, level)
+        # Different seeds' streams (the spaces share no prompt, so disjointness holds anyway).
+        evals = draw_unique(eval_space, num_eval, seed, name + "/heldout")
+        train = draw_unique(train_space, num_train, seed, name)
+    else:
+        rows = draw_unique(InstructionSpace(name, level), num_train + num_eval, seed, name)
+        evals, train = rows[:num_eval], rows[num_eval:]
     for split, exs in (("eval", evals), ("train", train)):
         for i, ex in enumerate(exs):
             ex["id"] = ex["key"] = f"{name}-{split}-{i}"

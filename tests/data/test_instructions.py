@@ -33,6 +33,34 @@ def test_deterministic_per_seed_and_disjoint():
     assert {len(r["instruction_id_list"]) for r in l2} == {2}
 
 
+def test_ood_heldout_shares_no_type_topic_or_verb_with_training():
+    """instructions_ood: the held-out prompts use only OOD_TYPES / OOD_TOPICS / OOD_VERBS, the
+    training prompts none of them (a held-out score is transfer, not a learned template)."""
+    train, evals = generate_task("instructions_ood", num_train=400, num_eval=200, seed=1)
+    assert len(train) == 400 and len(evals) == 200
+    ood_ids = {ins.IDS[n] for n in ins.OOD_TYPES}
+
+    def verb(r):
+        return next(v for v in ins.VERBS + ins.OOD_VERBS if r["prompt"].startswith(v + " "))
+
+    for r in evals:
+        assert set(r["instruction_id_list"]) <= ood_ids, r["instruction_id_list"]
+        assert r["topic"] in ins.OOD_TOPICS and verb(r) in ins.OOD_VERBS
+    for r in train:
+        assert not set(r["instruction_id_list"]) & ood_ids, r["instruction_id_list"]
+        assert r["topic"] not in ins.OOD_TOPICS and verb(r) in ins.VERBS
+    # Every held-out type, topic and verb occurs (the split is not vacuous) and levels apply.
+    assert {i for r in evals for i in r["instruction_id_list"]} == ood_ids
+    assert {r["topic"] for r in evals} == set(ins.OOD_TOPICS)
+    assert {verb(r) for r in evals} == set(ins.OOD_VERBS)
+    l1, e1 = generate_task("instructions_ood_l1", num_train=50, num_eval=50, seed=0)
+    assert {len(r["instruction_id_list"]) for r in l1 + e1} == {1}
+    again = generate_task("instructions_ood", num_train=400, num_eval=200, seed=1)
+    assert [r["prompt"] for r in again[1]] == [r["prompt"] for r in evals]
+    with pytest.raises(ValueError, match="distinct problems"):
+        generate_task("instructions_ood_l1", num_train=10, num_eval=5000, seed=0)
+
+
 def test_rows_are_ifeval_rows():
     train, _ = generate_task("instructions", num_train=40, num_eval=0, seed=0)
     for r in train:
