@@ -398,37 +398,25 @@ def plan_study(study: Any, chosen: Mapping[str, Mapping[str, Any]] | None = None
                 factor="",
             )
         )
-        for factor, values in sweep.items():
-            for value in values:
-                if _same(value, center[factor]):
-                    continue
-                i += 1
-                ov = {**base, **factor_overrides(factor, value)}
-                r = loop_run(
-                    "sweep",
-                    sweep_task,
-                    arm,
-                    f"sweep_{arm}_{i}",
-                    study.sweep_seed,
-                    ov,
-                    study.sweep_budget,
-                )
-                arm_runs.append(dataclasses.replace(r, factor=factor, value=value))
-        # Extensions after the registered grid: the recorded runs keep their names (indices).
-        for factor, values in _plain(spec.get("extend")).items():
-            for value in values:
-                i += 1
-                ov = {**base, **factor_overrides(factor, value)}
-                r = loop_run(
-                    "sweep",
-                    sweep_task,
-                    arm,
-                    f"sweep_{arm}_{i}",
-                    study.sweep_seed,
-                    ov,
-                    study.sweep_budget,
-                )
-                arm_runs.append(dataclasses.replace(r, factor=factor, value=value, extension=True))
+        # The registered grid, then its extensions ("extend", outside the grid by `_check_extend`,
+        # so never the center): appended last, the recorded runs keep their names (indices).
+        points = [(f, v, False) for f, vals in sweep.items() for v in vals]
+        points += [(f, v, True) for f, vals in _plain(spec.get("extend")).items() for v in vals]
+        for factor, value, extension in points:
+            if not extension and _same(value, center[factor]):
+                continue
+            i += 1
+            ov = {**base, **factor_overrides(factor, value)}
+            r = loop_run(
+                "sweep",
+                sweep_task,
+                arm,
+                f"sweep_{arm}_{i}",
+                study.sweep_seed,
+                ov,
+                study.sweep_budget,
+            )
+            arm_runs.append(dataclasses.replace(r, factor=factor, value=value, extension=extension))
     # Round-robin over arms: a study cut short has every arm's sweep equally advanced (equal
     # effort at any point), and side-by-side runs are of different arms (a full-parameter run
     # beside an ESSA one, not beside another full-parameter one: memory).
